@@ -1,0 +1,1 @@
+//! ggml's quantized block formats.
