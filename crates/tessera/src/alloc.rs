@@ -222,3 +222,159 @@ impl Plan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::testutil::Rng;
+    use crate::ops::unary::UnaryOp;
+    use crate::*;
+
+    #[test]
+    fn a_chain_of_element_wise_ops_runs_in_place() {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[1000]).unwrap();
+        let mut x = g.scale(a, 1.0).unwrap();
+        for _ in 0..10 {
+            x = g.unary(x, UnaryOp::Neg).unwrap();
+        }
+        let plan = Plan::new(&g, &[x]).unwrap();
+        assert_eq!(plan.nodes.len(), 11);
+        assert_eq!(plan.inplace.len(), 10, "every neg takes its source's memory");
+        assert_eq!(plan.arena_size, 4000usize.next_multiple_of(super::ALIGN));
+        assert!(plan.unshared_size >= 11 * 4000);
+    }
+
+    #[test]
+    fn memory_is_reused_after_the_last_reader_and_outputs_are_kept() {
+        // y1 = exp(a); y2 = y1 * 2 (an output); then three more ops that can reuse y1's memory
+        let mut g = Graph::new();
+        let a = g.new_f32(&[256]).unwrap();
+        let y1 = g.exp(a).unwrap();
+        let y2 = g.scale(y1, 2.0).unwrap();
+        g.set_output(y2);
+        let t1 = g.add(y2, a).unwrap();
+        let t2 = g.mul(t1, a).unwrap();
+        let t3 = g.sub(t2, y2).unwrap();
+        let plan = Plan::new(&g, &[t3]).unwrap();
+        let loc = |id: TensorId| plan.loc[id.index()].unwrap();
+        // y2 is an output: nobody may take its memory
+        for t in [t1, t2, t3] {
+            assert_ne!(loc(t), loc(y2));
+        }
+        let mut s = Session::new(g, &[t3]).unwrap();
+        let av: Vec<f32> = (0..256).map(|i| i as f32 / 100.0).collect();
+        s.set_f32(a, &av).unwrap();
+        s.compute(&ReferenceBackend).unwrap();
+        let y2v = s.get_f32(y2).unwrap();
+        let t3v = s.get_f32(t3).unwrap();
+        for i in 0..256 {
+            let a = av[i] as f64;
+            let y2 = 2.0 * a.exp();
+            assert!((y2v[i] as f64 - y2).abs() < 1e-5 * y2, "y2[{i}]");
+            let t3 = (y2 + a) * a - y2;
+            assert!((t3v[i] as f64 - t3).abs() < 1e-4 * (1.0 + t3.abs()), "t3[{i}]");
+        }
+    }
+
+    #[test]
+    fn a_view_keeps_its_source_alive() {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[8, 4]).unwrap();
+        let x = g.exp(a).unwrap();
+        let v = g.view(x, &[8, 2], &[32], 64).unwrap(); // rows 2..4 of x
+        let y = g.neg(a).unwrap(); // would reuse x's memory if the view were ignored
+        let y2 = g.sqr(y).unwrap();
+        let yv = g.view(y2, &[8, 2], &[32], 0).unwrap();
+        let z = g.add(v, yv).unwrap();
+        let av: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 8.0).collect();
+        let got = crate::ops::testutil::run1(g, &[(a, av.clone())], z);
+        for r in 0..2 {
+            for c in 0..8 {
+                let want = (av[(r + 2) * 8 + c] as f64).exp() + (av[r * 8 + c] as f64).powi(2);
+                assert!((got[r * 8 + c] as f64 - want).abs() < 1e-5 * want.abs().max(1.0));
+            }
+        }
+    }
+
+    /// Random element-wise DAGs: the planned graph (with reuse) gives the same values as the
+    /// same graph with every node kept (no reuse at all).
+    #[test]
+    fn random_graphs_give_the_same_results_with_and_without_reuse() {
+        let mut rng = Rng::new(7);
+        for trial in 0..40 {
+            let mut g = Graph::new();
+            let n = 1 + rng.below(40);
+            let a = g.new_f32(&[n, 3]).unwrap();
+            let b = g.new_f32(&[n, 1]).unwrap();
+            let mut pool = vec![a, b];
+            for _ in 0..(3 + rng.below(25)) {
+                let x = pool[rng.below(pool.len())];
+                let y = pool[rng.below(pool.len())];
+                let full = |g: &Graph, t: TensorId| g.ne(t)[1] == 3;
+                let node = match rng.below(5) {
+                    0 if full(&g, x) => g.add(x, y).unwrap(),
+                    1 if full(&g, x) => g.mul(x, y).unwrap(),
+                    2 => g.unary(x, UnaryOp::Tanh).unwrap(),
+                    3 => g.scale_bias(x, 0.5, 0.25).unwrap(),
+                    _ => g.unary(x, UnaryOp::Sin).unwrap(),
+                };
+                pool.push(node);
+            }
+            let last = *pool.last().unwrap();
+            let with_a = g.add(a, last).unwrap();
+            let out = g.add(with_a, b).unwrap(); // every input is read
+            pool.push(with_a);
+            pool.push(out);
+            let av: Vec<f32> = rng.vec(n * 3, -1.0, 1.0);
+            let bv: Vec<f32> = rng.vec(n, -1.0, 1.0);
+            let mut keep_all = g.clone();
+            for &t in &pool {
+                if keep_all.tensor(t).op != Op::Leaf {
+                    keep_all.set_output(t);
+                }
+            }
+            let p_reuse = Plan::new(&g, &[out]).unwrap();
+            let p_all = Plan::new(&keep_all, &[out]).unwrap();
+            assert!(p_reuse.arena_size <= p_all.arena_size, "trial {trial}");
+            let run = |g: Graph| {
+                let mut s = Session::new(g, &[out]).unwrap();
+                s.set_f32(a, &av).unwrap();
+                s.set_f32(b, &bv).unwrap();
+                s.compute(&ReferenceBackend).unwrap();
+                s.get_f32(out).unwrap()
+            };
+            assert_eq!(run(g), run(keep_all), "trial {trial}");
+        }
+    }
+
+    #[test]
+    fn running_again_reuses_the_same_memory() {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[64]).unwrap();
+        let y = g.sqr(a).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        let arena = s.memory().arena.bytes().as_ptr();
+        for k in 0..3 {
+            let v: Vec<f32> = (0..64).map(|i| (i + k) as f32).collect();
+            s.set_f32(a, &v).unwrap();
+            s.compute(&ReferenceBackend).unwrap();
+            let want: Vec<f32> = v.iter().map(|x| x * x).collect();
+            assert_eq!(s.get_f32(y).unwrap(), want);
+            assert_eq!(s.memory().arena.bytes().as_ptr(), arena);
+        }
+    }
+
+    #[test]
+    fn the_dot_dump_names_ops_and_shapes() {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[4, 2]).unwrap();
+        g.set_name(a, "x");
+        g.set_param(a).unwrap();
+        let y = g.unary(a, UnaryOp::Relu).unwrap();
+        let d = g.to_dot(&[y]);
+        assert!(d.starts_with("digraph"));
+        assert!(d.contains("x\\nleaf f32 [4, 2, 1, 1]"), "{d}");
+        assert!(d.contains("relu f32 [4, 2, 1, 1]"), "{d}");
+        assert!(d.contains("n0 -> n1"), "{d}");
+    }
+}

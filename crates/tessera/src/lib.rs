@@ -31,5 +31,5 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Graph;
 pub use op::Op;
-pub use reference::{Dense, ReferenceBackend};
+pub use reference::{decode, Dense, ReferenceBackend};
 pub use tensor::{Flags, Tensor, TensorId};

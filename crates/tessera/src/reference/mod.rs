@@ -305,3 +305,30 @@ impl Backend for ReferenceBackend {
         Ok(())
     }
 }
+
+/// Values of contiguous data of `dtype` and shape `dims` (1 to 4 dims) as f64 in logical order.
+pub fn decode(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f64>> {
+    if dims.is_empty() || dims.len() > 4 {
+        return Err(Error::Invalid(format!("decode: {} dims given, 1 to 4 allowed", dims.len())));
+    }
+    let ne = crate::shape::ne_from(dims);
+    if ne[0] % dtype.block_size() != 0 {
+        return Err(Error::Invalid(format!(
+            "decode: row length {} is not a multiple of {}'s block size {}",
+            ne[0],
+            dtype,
+            dtype.block_size()
+        )));
+    }
+    let t = Tensor {
+        dtype,
+        ne,
+        nb: crate::shape::contiguous_nb(dtype, &ne),
+        op: Op::Leaf,
+        src: Vec::new(),
+        view_of: None,
+        name: String::new(),
+        flags: Default::default(),
+    };
+    Ok(gather(&t, bytes)?.data)
+}

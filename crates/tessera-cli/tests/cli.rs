@@ -1,0 +1,88 @@
+//! End-to-end tests of the `tessera` binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tessera::DType;
+use tessera_gguf::{GgufWriter, Value};
+
+fn golden_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"));
+    if dir.join("ops.gguf").is_file() {
+        return Some(dir);
+    }
+    if std::env::var_os("TESSERA_REQUIRE_GOLDEN").is_some() {
+        panic!("golden vectors required (TESSERA_REQUIRE_GOLDEN) but not found in {}", dir.display());
+    }
+    eprintln!("SKIPPED: golden dir {} not found", dir.display());
+    None
+}
+
+fn tessera(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera")).args(args).output().expect("run tessera");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn conformance_ops_passes_every_golden_case() {
+    let Some(dir) = golden_dir() else { return };
+    let path = dir.join("ops.gguf");
+    let (code, out, err) = tessera(&["conformance", "ops", path.to_str().unwrap()]);
+    let last = out.lines().last().unwrap_or("");
+    let failures: Vec<&str> = out.lines().filter(|l| l.contains("FAIL")).collect();
+    assert!(failures.is_empty(), "failing cases:\n{}\n{err}", failures.join("\n"));
+    assert_eq!(last, "112 passed, 0 failed", "{out}\n{err}");
+    assert_eq!(code, 0);
+    // one line per case and backend, each naming case, op, backend and nmse
+    let c045 = out.lines().find(|l| l.starts_with("c045")).expect("c045 line");
+    assert!(c045.contains("rms_norm") && c045.contains("reference") && c045.contains("nmse="), "{c045}");
+}
+
+#[test]
+fn conformance_reports_a_wrong_output_and_exits_1() {
+    // A one-case golden file whose expected output is deliberately wrong.
+    let mut w = GgufWriter::new();
+    w.add_kv("c000.desc", Value::from("op=add shape=same"));
+    let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    w.add_tensor("c000/in0", DType::F32, &[4], &f(&[1., 2., 3., 4.])).unwrap();
+    w.add_tensor("c000/in1", DType::F32, &[4], &f(&[1., 1., 1., 1.])).unwrap();
+    w.add_tensor("c000/out", DType::F32, &[4], &f(&[2., 3., 4., 6.])).unwrap();
+    let path = std::env::temp_dir().join(format!("tessera-bad-golden-{}.gguf", std::process::id()));
+    w.write_file(&path).unwrap();
+    let (code, out, _) = tessera(&["conformance", "ops", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("c000") && out.contains("FAIL"), "{out}");
+    assert!(out.trim_end().ends_with("0 passed, 1 failed"), "{out}");
+}
+
+#[test]
+fn unreadable_input_exits_2_with_a_message() {
+    let (code, _, err) = tessera(&["conformance", "ops", "/nonexistent/ops.gguf"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/ops.gguf"), "{err}");
+    let path = std::env::temp_dir().join(format!("tessera-not-gguf-{}.gguf", std::process::id()));
+    std::fs::write(&path, b"this is not a gguf file at all").unwrap();
+    let (code, _, err) = tessera(&["info", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(code, 2);
+    assert!(err.to_lowercase().contains("magic"), "{err}");
+}
+
+#[test]
+fn info_prints_metadata_and_tensors() {
+    let Some(dir) = golden_dir() else { return };
+    let path = dir.join("quant-gaussian.gguf");
+    let (code, out, err) = tessera(&["info", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kv.str") && out.contains("héllo, ggml ✓"), "{out}");
+    assert!(out.contains("kv.u64") && out.contains("18000000000000000000"), "{out}");
+    assert!(out.contains("q.q4_K") && out.contains("q4_K"), "{out}");
+    assert!(out.contains("1024") && out.contains("imatrix"), "{out}");
+}
