@@ -1,0 +1,5 @@
+//! The fast CPU backend.
+
+pub mod pool;
+
+pub use pool::ThreadPool;
