@@ -353,14 +353,14 @@ mod tests {
         let a = g.new_f32(&[64]).unwrap();
         let y = g.sqr(a).unwrap();
         let mut s = Session::new(g, &[y]).unwrap();
-        let arena = s.memory().arena.bytes().as_ptr();
+        let arena = s.memory().arena().bytes().as_ptr();
         for k in 0..3 {
             let v: Vec<f32> = (0..64).map(|i| (i + k) as f32).collect();
             s.set_f32(a, &v).unwrap();
             s.compute(&ReferenceBackend).unwrap();
             let want: Vec<f32> = v.iter().map(|x| x * x).collect();
             assert_eq!(s.get_f32(y).unwrap(), want);
-            assert_eq!(s.memory().arena.bytes().as_ptr(), arena);
+            assert_eq!(s.memory().arena().bytes().as_ptr(), arena);
         }
     }
 

@@ -75,11 +75,63 @@ impl Buffer {
 
 /// The memory of a planned graph: the arena and one buffer per leaf.
 pub struct Memory {
-    pub arena: Buffer,
-    pub leaves: Vec<Buffer>,
+    arena: Buffer,
+    leaves: Vec<Buffer>,
+    /// Address table for backends that work with raw pointers: entry 0 is the arena, entry
+    /// `1 + i` leaf `i`. Kept in step with the buffers by every method that changes them.
+    regions: Vec<RawRegion>,
+}
+
+/// Where a buffer lives, for backends that hand pointers to their kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawRegion {
+    /// Address of the first byte (exposed, so kernels may turn it back into a pointer).
+    pub addr: usize,
+    pub len: usize,
+    /// False for external read-only memory.
+    pub writable: bool,
+}
+
+impl Buffer {
+    fn raw_region(&mut self) -> RawRegion {
+        let len = self.len();
+        match self.bytes_mut() {
+            Some(b) => RawRegion { addr: b.as_mut_ptr() as usize, len, writable: true },
+            None => RawRegion { addr: self.bytes().as_ptr() as usize, len, writable: false },
+        }
+    }
 }
 
 impl Memory {
+    /// Memory made of an arena and the leaves' buffers.
+    pub fn new(mut arena: Buffer, mut leaves: Vec<Buffer>) -> Memory {
+        let mut regions = Vec::with_capacity(1 + leaves.len());
+        regions.push(arena.raw_region());
+        regions.extend(leaves.iter_mut().map(Buffer::raw_region));
+        Memory { arena, leaves, regions }
+    }
+
+    pub fn arena(&self) -> &Buffer {
+        &self.arena
+    }
+
+    pub fn leaf(&self, i: usize) -> &Buffer {
+        &self.leaves[i]
+    }
+
+    /// Replaces leaf `i`'s buffer.
+    pub fn set_leaf(&mut self, i: usize, mut buf: Buffer) {
+        self.regions[1 + i] = buf.raw_region();
+        self.leaves[i] = buf;
+    }
+
+    /// The address table (arena first, then the leaves). Taking it needs `&mut self`: while the
+    /// caller holds it, nothing else can read or write this memory, so a backend may write
+    /// through the addresses of writable regions.
+    pub fn regions(&mut self) -> &[RawRegion] {
+        &self.regions
+    }
+
     fn region(&self, r: Region) -> &Buffer {
         match r {
             Region::Arena => &self.arena,
@@ -163,7 +215,7 @@ impl Session {
             .iter()
             .map(|&l| Buffer::zeroed(graph.tensor(l).nbytes()))
             .collect();
-        let mem = Memory { arena: Buffer::zeroed(plan.arena_size), leaves };
+        let mem = Memory::new(Buffer::zeroed(plan.arena_size), leaves);
         Ok(Session { graph, plan, mem })
     }
 
@@ -254,7 +306,8 @@ impl Session {
         if !is_contiguous(t.dtype, &t.ne, &t.nb) {
             return Err(Error::Invalid(format!("bind_external: tensor {id} is not contiguous")));
         }
-        self.mem.leaves[i] = Buffer::external(data, offset, t.nbytes())?;
+        let buf = Buffer::external(data, offset, t.nbytes())?;
+        self.mem.set_leaf(i, buf);
         Ok(())
     }
 

@@ -26,7 +26,7 @@ pub mod shape;
 pub mod tensor;
 
 pub use alloc::Plan;
-pub use backend::{Backend, Buffer, ExternalBytes, Memory, Session};
+pub use backend::{Backend, Buffer, ExternalBytes, Memory, RawRegion, Session};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Graph;
