@@ -310,7 +310,7 @@ pub struct CaseResult {
 
 /// All backends a conformance run compares.
 pub fn backends() -> Vec<Box<dyn Backend>> {
-    vec![Box::new(ReferenceBackend)]
+    vec![Box::new(ReferenceBackend), Box::new(tessera_cpu::CpuBackend::default())]
 }
 
 /// Runs every case of `file` on every backend.

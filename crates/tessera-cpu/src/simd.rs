@@ -1,0 +1,63 @@
+//! Run-time choice of the instruction set, made once per process.
+
+use std::sync::OnceLock;
+
+/// The widest instruction set the kernels use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust; the compiler may still auto-vectorise it for the build target.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86_64 AVX-512 F/BW/VL on top of AVX2.
+    Avx512,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2+fma+f16c",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+fn detect() -> Isa {
+    if std::env::var("TESSERA_ISA").is_ok_and(|v| v == "scalar") {
+        return Isa::Scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let avx512 = avx2
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        if avx512 && std::env::var("TESSERA_ISA").map_or(true, |v| v != "avx2") {
+            return Isa::Avx512;
+        }
+        if avx2 {
+            return Isa::Avx2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Isa::Neon;
+        }
+    }
+    Isa::Scalar
+}
+
+/// The instruction set chosen for this process (`TESSERA_ISA=scalar` or `=avx2` forces a
+/// narrower one, for testing every path on one machine).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(detect)
+}
