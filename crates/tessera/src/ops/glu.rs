@@ -134,7 +134,7 @@ impl Graph {
                 ane
             }
             None => {
-                if !ane[0].is_multiple_of(2) {
+                if ane[0] % 2 == 1 {
                     return Err(self.shape_err(
                         op,
                         format!(

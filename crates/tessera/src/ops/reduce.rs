@@ -208,7 +208,11 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         Op::Argmax => Ok(Dense::from_fn(ne, |i1, _, _, _| {
             let mut best: Option<(usize, f64)> = None;
             for (i, &x) in a.row(i1, 0, 0).iter().enumerate() {
-                if !x.is_nan() && best.is_none_or(|(_, m)| x > m) {
+                let better = match best {
+                    Some((_, m)) => x > m,
+                    None => true,
+                };
+                if !x.is_nan() && better {
                     best = Some((i, x));
                 }
             }
