@@ -51,7 +51,7 @@ impl Graph {
     }
 
     /// ggml's `ggml_argmax`: for each row of the f32 matrix `a`, the index of its largest value,
-    /// as i32 `[ne1]`. Ties give the first such index; NaNs are skipped (an all-NaN row gives 0).
+    /// as i32 `[ne1]`. Ties give the last such index (as ggml's CPU kernel does); NaNs are skipped (an all-NaN row gives 0).
     /// (ggml's CPU kernel returns the last of equal maxima, and restarts its running maximum
     /// after a NaN; on rows without ties or NaNs the results agree.)
     pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
@@ -209,7 +209,7 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
             let mut best: Option<(usize, f64)> = None;
             for (i, &x) in a.row(i1, 0, 0).iter().enumerate() {
                 let better = match best {
-                    Some((_, m)) => x > m,
+                    Some((_, m)) => x >= m, // ties: the last index, as ggml's CPU kernel
                     None => true,
                 };
                 if !x.is_nan() && better {
@@ -346,7 +346,7 @@ mod tests {
     }
 
     #[test]
-    fn argmax_first_max_nan_skipped_and_count_equal() {
+    fn argmax_last_max_nan_skipped_and_count_equal() {
         let mut g = Graph::new();
         let a = g.new_f32(&[4, 4]).unwrap();
         let am = g.argmax(a).unwrap();
@@ -357,16 +357,16 @@ mod tests {
         let mut s = Session::new(g, &[am, ce]).unwrap();
         #[rustfmt::skip]
         s.set_f32(a, &[
-            1.0, 5.0, 5.0, -2.0,               // tie: first index
+            1.0, 5.0, 5.0, -2.0,               // tie: the last index, like ggml
             -3.0, -1.0, -2.0, -7.0,            // all negative
             f32::NAN, 2.0, f32::NAN, 1.0,      // NaNs skipped
             f32::NAN, f32::NAN, f32::NAN, f32::NAN,
         ]).unwrap();
         s.set_i32(b, &[1, 0, 1, 3]).unwrap();
         s.compute(&ReferenceBackend).unwrap();
-        assert_eq!(s.get_f32(am).unwrap(), vec![1.0, 1.0, 1.0, 0.0]);
-        assert_eq!(s.get_f32(ce).unwrap(), vec![2.0]);
-        assert_eq!(s.get_bytes(ce).unwrap(), 2i64.to_le_bytes().to_vec());
+        assert_eq!(s.get_f32(am).unwrap(), vec![2.0, 1.0, 1.0, 0.0]);
+        assert_eq!(s.get_f32(ce).unwrap(), vec![1.0]);
+        assert_eq!(s.get_bytes(ce).unwrap(), 1i64.to_le_bytes().to_vec());
     }
 
     #[test]
