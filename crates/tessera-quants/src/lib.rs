@@ -18,7 +18,6 @@
 mod common;
 mod f16;
 mod fp4;
-#[allow(dead_code)] // the quantizer tables are used by the i-quant quantizers (to come)
 mod iq_grids;
 mod iquants;
 mod kquants;
@@ -188,15 +187,15 @@ static FORMATS: &[Format] = &[
     q(type_id::Q5_K,    "q5_K",    QK_K, 176, kquants::dequantize_q5_k,   Some(kquants::quantize_q5_k), false),
     q(type_id::Q6_K,    "q6_K",    QK_K, 210, kquants::dequantize_q6_k,   Some(kquants::quantize_q6_k), false),
     q(type_id::Q8_K,    "q8_K",    QK_K, 292, kquants::dequantize_q8_k,   Some(kquants::quantize_q8_k), false),
-    q(type_id::IQ2_XXS, "iq2_xxs", QK_K, 66,  iquants::dequantize_iq2_xxs, None, true),
-    q(type_id::IQ2_XS,  "iq2_xs",  QK_K, 74,  iquants::dequantize_iq2_xs,  None, true),
-    q(type_id::IQ3_XXS, "iq3_xxs", QK_K, 98,  iquants::dequantize_iq3_xxs, None, false),
-    q(type_id::IQ1_S,   "iq1_s",   QK_K, 50,  iquants::dequantize_iq1_s,   None, true),
-    q(type_id::IQ4_NL,  "iq4_nl",  32,   18,  iquants::dequantize_iq4_nl,  None, false),
-    q(type_id::IQ3_S,   "iq3_s",   QK_K, 110, iquants::dequantize_iq3_s,   None, false),
-    q(type_id::IQ2_S,   "iq2_s",   QK_K, 82,  iquants::dequantize_iq2_s,   None, false),
-    q(type_id::IQ4_XS,  "iq4_xs",  QK_K, 136, iquants::dequantize_iq4_xs,  None, false),
-    q(type_id::IQ1_M,   "iq1_m",   QK_K, 56,  iquants::dequantize_iq1_m,   None, false),
+    q(type_id::IQ2_XXS, "iq2_xxs", QK_K, 66,  iquants::dequantize_iq2_xxs, Some(iquants::quantize_iq2_xxs), true),
+    q(type_id::IQ2_XS,  "iq2_xs",  QK_K, 74,  iquants::dequantize_iq2_xs,  Some(iquants::quantize_iq2_xs), true),
+    q(type_id::IQ3_XXS, "iq3_xxs", QK_K, 98,  iquants::dequantize_iq3_xxs, Some(iquants::quantize_iq3_xxs), false),
+    q(type_id::IQ1_S,   "iq1_s",   QK_K, 50,  iquants::dequantize_iq1_s,   Some(iquants::quantize_iq1_s), true),
+    q(type_id::IQ4_NL,  "iq4_nl",  32,   18,  iquants::dequantize_iq4_nl,  Some(iquants::quantize_iq4_nl), false),
+    q(type_id::IQ3_S,   "iq3_s",   QK_K, 110, iquants::dequantize_iq3_s,   Some(iquants::quantize_iq3_s), false),
+    q(type_id::IQ2_S,   "iq2_s",   QK_K, 82,  iquants::dequantize_iq2_s,   Some(iquants::quantize_iq2_s), false),
+    q(type_id::IQ4_XS,  "iq4_xs",  QK_K, 136, iquants::dequantize_iq4_xs,  Some(iquants::quantize_iq4_xs), false),
+    q(type_id::IQ1_M,   "iq1_m",   QK_K, 56,  iquants::dequantize_iq1_m,   Some(iquants::quantize_iq1_m), false),
     q(type_id::TQ1_0,   "tq1_0",   QK_K, 54,  ternary::dequantize_tq1_0,  Some(ternary::quantize_tq1_0), false),
     q(type_id::TQ2_0,   "tq2_0",   QK_K, 66,  ternary::dequantize_tq2_0,  Some(ternary::quantize_tq2_0), false),
     q(type_id::MXFP4,   "mxfp4",   32,   17,  fp4::dequantize_mxfp4,      Some(fp4::quantize_mxfp4),     false),
