@@ -1,0 +1,513 @@
+//! mul_mat for float weights: `dst[m, n] = Σ_k a[k, m] · b[k, n]` (ggml's `mul_mat(a, b) = b·aᵀ`).
+//!
+//! Two paths:
+//! - **mat-vec** (up to `MV_MAX_N` columns of `b`, dense rows): every thread streams its
+//!   contiguous range of `a`'s rows once and computes all the columns from each load (f16/bf16
+//!   rows are converted in registers, never expanded in memory).
+//! - **GEMM**: a cache-blocked product with packed panels, GotoBLAS style. A block of `a`
+//!   (`MC` rows × `KC`) is packed into panels of `NR` rows interleaved by k — converting f16/bf16
+//!   to f32 while packing — and a block of `b` (`NC` columns × `KC`) into panels of `MR`
+//!   columns; a register micro-kernel computes an `MR × NR` tile of the output from one panel of
+//!   each. Work is split over output tiles (both output dimensions and the broadcast batch dims).
+//!
+//! Quantized weights take the fallback path until the quantization issue lands.
+
+use tessera::{DType, Result, Tensor};
+
+use crate::exec::NodeCtx;
+use crate::simd::Isa;
+
+/// Output columns (of `b`) per micro-tile: broadcast operand.
+pub const MR: usize = 6;
+/// Output rows (of `a`) per micro-tile: the vector operand, two 8-lane registers.
+pub const NR: usize = 16;
+/// Depth of a packed block.
+pub const KC: usize = 256;
+/// Rows of `a` per packed block (a multiple of `NR`).
+pub const MC: usize = 128;
+/// Columns of `b` per packed block (a multiple of `MR`).
+pub const NC: usize = 192;
+/// Up to this many columns of `b` use the mat-vec path.
+pub const MV_MAX_N: usize = 4;
+
+/// Does this node run on the float kernels here (rather than the fallback)?
+pub fn handles(ctx_t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
+    matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
+        && b.dtype == DType::F32
+        && ctx_t.dtype == DType::F32
+        && ctx_t.is_contiguous()
+}
+
+/// Scratch bytes per thread for the GEMM path.
+pub fn work_per_thread() -> usize {
+    (MC * KC + NC * KC) * 4 + 64 // multiple of 64
+}
+
+/// Bytes of `b` converted to f32 rounded like `a`'s type (f16/bf16 weights only).
+fn conv_size(a: &Tensor, b: &Tensor) -> usize {
+    if a.dtype == DType::F32 {
+        0
+    } else {
+        (b.nelements() * 4).next_multiple_of(64)
+    }
+}
+
+fn uses_matvec(a: &Tensor, b: &Tensor) -> bool {
+    b.ne[1] <= MV_MAX_N && a.nb[0] == a.dtype.type_size() && (b.nb[0] == 4 || a.dtype != DType::F32)
+}
+
+pub fn work_size(a: &Tensor, b: &Tensor, nth: usize) -> usize {
+    conv_size(a, b)
+        + if uses_matvec(a, b) {
+            0
+        } else {
+            work_per_thread() * nth
+        }
+}
+
+/// Reads element `i` of a row of `dtype` at `p` as f32.
+#[inline(always)]
+unsafe fn load_f(dtype: DType, p: *const u8, i: usize) -> f32 {
+    // SAFETY: the caller guarantees `p` points at a row of at least `i + 1` elements.
+    unsafe {
+        match dtype {
+            DType::F32 => *(p as *const f32).add(i),
+            DType::F16 => half::f16::from_bits(*(p as *const u16).add(i)).to_f32(),
+            DType::BF16 => f32::from_bits((*(p as *const u16).add(i) as u32) << 16),
+            _ => unreachable!("float kernels only"),
+        }
+    }
+}
+
+pub fn compute(ctx: &NodeCtx) -> Result<()> {
+    let (a, b0, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    let (k, m, n) = (a.ne[0], a.ne[1], b0.ne[1]);
+    if k != b0.ne[0] {
+        return Err(ctx.err(format!("inner dims differ: a has {k}, b has {}", b0.ne[0])));
+    }
+    let conv = conv_size(a, b0);
+    if ctx.wsize < work_size(a, b0, ctx.nth) {
+        return Err(ctx.err(format!(
+            "work buffer of {} bytes, {} needed",
+            ctx.wsize,
+            work_size(a, b0, ctx.nth)
+        )));
+    }
+    // With f16/bf16 weights ggml first converts b to the weights' type; so do we (rounding b
+    // to that type, kept as f32 in the work buffer, contiguous), then all threads use it.
+    let (bsrc, b) = if conv > 0 {
+        let mut bc = b0.clone();
+        bc.nb = tessera::shape::contiguous_nb(DType::F32, &b0.ne);
+        let cols = b0.nrows();
+        for col in ctx.share(cols) {
+            let (i1, i2, i3) = (
+                col % b0.ne[1],
+                (col / b0.ne[1]) % b0.ne[2],
+                col / (b0.ne[1] * b0.ne[2]),
+            );
+            // SAFETY: column `col` of b lies in its span (validated); the converted column is
+            // this thread's own slice of the work buffer's first `conv` bytes.
+            unsafe {
+                let src = ctx.src[1].add(i1 * b0.nb[1] + i2 * b0.nb[2] + i3 * b0.nb[3]);
+                let dst = (ctx.wdata as *mut f32).add(col * k);
+                for kk in 0..k {
+                    let v = *(src.add(kk * b0.nb[0]) as *const f32);
+                    *dst.add(kk) = match a.dtype {
+                        DType::F16 => half::f16::from_f32(v).to_f32(),
+                        _ => half::bf16::from_f32(v).to_f32(),
+                    };
+                }
+            }
+        }
+        ctx.pool.barrier();
+        (ctx.wdata as *const u8, bc)
+    } else {
+        (ctx.src[1], b0.clone())
+    };
+    let b = &b;
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let batches = b.ne[2] * b.ne[3];
+    if uses_matvec(a, b0) {
+        // rows of a split evenly across threads, for every batch
+        let rows = ctx.share(m);
+        for bi in 0..batches {
+            let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
+            let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
+            let b_off = i2 * b.nb[2] + i3 * b.nb[3];
+            let d_off = i2 * d.nb[2] + i3 * d.nb[3];
+            for im in rows.clone() {
+                // SAFETY: `exec::validate` checked every tensor's span; row `im` of `a` and
+                // columns of `b` lie inside it; this thread alone writes `dst[im, ..]`.
+                unsafe {
+                    let arow = ctx.src[0].add(a_off + im * a.nb[1]);
+                    let mut bcols = [std::ptr::null::<f32>(); MV_MAX_N];
+                    for (j, c) in bcols.iter_mut().enumerate().take(n) {
+                        *c = bsrc.add(b_off + j * b.nb[1]) as *const f32;
+                    }
+                    let mut out = [0f32; MV_MAX_N];
+                    dot_rows(ctx.isa, a.dtype, arow, &bcols[..n], k, &mut out[..n]);
+                    for (j, &v) in out.iter().enumerate().take(n) {
+                        *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                    }
+                }
+            }
+        }
+        return Ok(());
+    }
+    gemm(ctx, a, b, bsrc, conv, d, (k, m, n), (r2, r3))
+}
+
+/// `out[j] = Σ_i a[i] · b_j[i]` for one row of `a` against up to `MV_MAX_N` columns.
+///
+/// # Safety
+/// `a` points at `k` elements of `dtype`; each `b[j]` at `k` f32.
+unsafe fn dot_rows(
+    isa: Isa,
+    dtype: DType,
+    a: *const u8,
+    b: &[*const f32],
+    k: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: Avx2 is only chosen when the CPU has AVX2, FMA and F16C.
+        unsafe { avx2::dot_rows(dtype, a, b, k, out) };
+        return;
+    }
+    let _ = isa;
+    for (j, o) in out.iter_mut().enumerate() {
+        let mut acc = [0f32; 8];
+        let mut i = 0;
+        while i + 8 <= k {
+            for l in 0..8 {
+                // SAFETY: i + l < k.
+                acc[l] += unsafe { load_f(dtype, a, i + l) * *b[j].add(i + l) };
+            }
+            i += 8;
+        }
+        let mut s: f32 = acc.iter().sum();
+        while i < k {
+            // SAFETY: i < k.
+            s += unsafe { load_f(dtype, a, i) * *b[j].add(i) };
+            i += 1;
+        }
+        *o = s;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    ctx: &NodeCtx,
+    a: &Tensor,
+    b: &Tensor,
+    bsrc: *const u8,
+    scratch_off: usize,
+    d: &Tensor,
+    (k, m, n): (usize, usize, usize),
+    (r2, r3): (usize, usize),
+) -> Result<()> {
+    let mblocks = m.div_ceil(MC);
+    let nblocks = n.div_ceil(NC);
+    let batches = b.ne[2] * b.ne[3];
+    let jobs = batches * mblocks * nblocks;
+    let per = work_per_thread();
+    // SAFETY: each thread owns bytes [off + ith*per, off + (ith+1)*per) of the work buffer
+    // (`compute` checked its size); the buffer is 64-byte aligned and `per` a multiple of 64.
+    let (ap, bp) = unsafe {
+        let base = ctx.wdata.add(scratch_off + ctx.ith * per) as *mut f32;
+        (
+            std::slice::from_raw_parts_mut(base, MC * KC),
+            std::slice::from_raw_parts_mut(base.add(MC * KC), NC * KC),
+        )
+    };
+    for job in ctx.share(jobs) {
+        let nb_i = job % nblocks;
+        let mb_i = (job / nblocks) % mblocks;
+        let bi = job / (nblocks * mblocks);
+        let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
+        let a_base = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
+        let b_base = i2 * b.nb[2] + i3 * b.nb[3];
+        let d_base = i2 * d.nb[2] + i3 * d.nb[3];
+        let (m0, m1) = (mb_i * MC, ((mb_i + 1) * MC).min(m));
+        let (n0, n1) = (nb_i * NC, ((nb_i + 1) * NC).min(n));
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = KC.min(k - k0);
+            // pack a[m0..m1, k0..k0+kc] into panels of NR rows, k-major inside a panel
+            for (p, mp) in (m0..m1).step_by(NR).enumerate() {
+                let panel = &mut ap[p * NR * kc..(p + 1) * NR * kc];
+                for r in 0..NR {
+                    let im = mp + r;
+                    if im < m1 {
+                        // SAFETY: row `im` of `a` in this batch has `k` elements at stride nb0.
+                        unsafe {
+                            let row = ctx.src[0].add(a_base + im * a.nb[1]);
+                            for kk in 0..kc {
+                                let e = if a.nb[0] == a.dtype.type_size() {
+                                    load_f(a.dtype, row, k0 + kk)
+                                } else {
+                                    load_f(a.dtype, row.add((k0 + kk) * a.nb[0]), 0)
+                                };
+                                panel[kk * NR + r] = e;
+                            }
+                        }
+                    } else {
+                        for kk in 0..kc {
+                            panel[kk * NR + r] = 0.0;
+                        }
+                    }
+                }
+            }
+            // pack b[n0..n1, k0..k0+kc] into panels of MR columns
+            for (q, nq) in (n0..n1).step_by(MR).enumerate() {
+                let panel = &mut bp[q * MR * kc..(q + 1) * MR * kc];
+                for r in 0..MR {
+                    let jn = nq + r;
+                    if jn < n1 {
+                        // SAFETY: column `jn` of `b` in this batch has `k` f32 at stride nb0.
+                        unsafe {
+                            let col = bsrc.add(b_base + jn * b.nb[1]);
+                            for kk in 0..kc {
+                                panel[kk * MR + r] = *(col.add((k0 + kk) * b.nb[0]) as *const f32);
+                            }
+                        }
+                    } else {
+                        for kk in 0..kc {
+                            panel[kk * MR + r] = 0.0;
+                        }
+                    }
+                }
+            }
+            let accumulate = k0 > 0;
+            for (p, mp) in (m0..m1).step_by(NR).enumerate() {
+                let apanel = &ap[p * NR * kc..(p + 1) * NR * kc];
+                let cols = NR.min(m1 - mp);
+                for (q, nq) in (n0..n1).step_by(MR).enumerate() {
+                    let bpanel = &bp[q * MR * kc..(q + 1) * MR * kc];
+                    let rows = MR.min(n1 - nq);
+                    // SAFETY: the tile dst[nq..nq+rows, mp..mp+cols] lies inside `dst` and
+                    // belongs to this job alone.
+                    unsafe {
+                        let c = ctx.dst.add(d_base + nq * d.nb[1] + mp * 4) as *mut f32;
+                        let ldc = d.nb[1] / 4;
+                        micro_kernel(ctx.isa, kc, apanel, bpanel, c, ldc, rows, cols, accumulate);
+                    }
+                }
+            }
+            k0 += kc;
+        }
+    }
+    Ok(())
+}
+
+/// `C[r][j] (+)= Σ_k bp[k][r] · ap[k][j]` for an `MR × NR` tile, of which `rows × cols` are kept.
+///
+/// # Safety
+/// `c` points at a tile with row stride `ldc` floats holding at least `rows × cols` elements.
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro_kernel(
+    isa: Isa,
+    kc: usize,
+    ap: &[f32],
+    bp: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; the caller's guarantees.
+        unsafe { avx2::kernel_6x16(kc, ap.as_ptr(), bp.as_ptr(), c, ldc, rows, cols, accumulate) };
+        return;
+    }
+    let _ = isa;
+    let mut acc = [[0f32; NR]; MR];
+    for kk in 0..kc {
+        let av = &ap[kk * NR..kk * NR + NR];
+        for r in 0..MR {
+            let bv = bp[kk * MR + r];
+            for j in 0..NR {
+                acc[r][j] += bv * av[j];
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(rows) {
+        for (j, &v) in row.iter().enumerate().take(cols) {
+            // SAFETY: r < rows, j < cols.
+            unsafe {
+                let p = c.add(r * ldc + j);
+                *p = if accumulate { *p + v } else { v };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{MR, MV_MAX_N, NR};
+    use std::arch::x86_64::*;
+    use tessera::DType;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: plain register arithmetic, AVX enabled by the caller.
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    /// Eight elements of a row of `dtype` at element `i`, as f32.
+    #[inline(always)]
+    unsafe fn load8(dtype: DType, a: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable elements at `i`.
+        unsafe {
+            match dtype {
+                DType::F32 => _mm256_loadu_ps((a as *const f32).add(i)),
+                DType::F16 => {
+                    _mm256_cvtph_ps(_mm_loadu_si128((a as *const u16).add(i) as *const __m128i))
+                }
+                _ => {
+                    let h = _mm_loadu_si128((a as *const u16).add(i) as *const __m128i);
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_rows(
+        dtype: DType,
+        a: *const u8,
+        b: &[*const f32],
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let n = b.len();
+        // SAFETY: `a` has k elements and each b[j] k floats (caller's contract); loads stay
+        // below k.
+        unsafe {
+            let mut acc0 = [_mm256_setzero_ps(); MV_MAX_N];
+            let mut acc1 = [_mm256_setzero_ps(); MV_MAX_N];
+            let mut i = 0;
+            while i + 16 <= k {
+                let x0 = load8(dtype, a, i);
+                let x1 = load8(dtype, a, i + 8);
+                for j in 0..n {
+                    acc0[j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(b[j].add(i)), acc0[j]);
+                    acc1[j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(b[j].add(i + 8)), acc1[j]);
+                }
+                i += 16;
+            }
+            while i + 8 <= k {
+                let x0 = load8(dtype, a, i);
+                for j in 0..n {
+                    acc0[j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(b[j].add(i)), acc0[j]);
+                }
+                i += 8;
+            }
+            for j in 0..n {
+                let mut s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
+                for t in i..k {
+                    s += super::load_f(dtype, a, t) * *b[j].add(t);
+                }
+                out[j] = s;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn kernel_6x16(
+        kc: usize,
+        ap: *const f32,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: ap holds kc*NR floats, bp kc*MR (packed panels); c the caller's tile.
+        unsafe {
+            let mut c00 = _mm256_setzero_ps();
+            let mut c01 = _mm256_setzero_ps();
+            let mut c10 = _mm256_setzero_ps();
+            let mut c11 = _mm256_setzero_ps();
+            let mut c20 = _mm256_setzero_ps();
+            let mut c21 = _mm256_setzero_ps();
+            let mut c30 = _mm256_setzero_ps();
+            let mut c31 = _mm256_setzero_ps();
+            let mut c40 = _mm256_setzero_ps();
+            let mut c41 = _mm256_setzero_ps();
+            let mut c50 = _mm256_setzero_ps();
+            let mut c51 = _mm256_setzero_ps();
+            let mut pa = ap;
+            let mut pb = bp;
+            for _ in 0..kc {
+                let a0 = _mm256_loadu_ps(pa);
+                let a1 = _mm256_loadu_ps(pa.add(8));
+                let b0 = _mm256_broadcast_ss(&*pb);
+                c00 = _mm256_fmadd_ps(b0, a0, c00);
+                c01 = _mm256_fmadd_ps(b0, a1, c01);
+                let b1 = _mm256_broadcast_ss(&*pb.add(1));
+                c10 = _mm256_fmadd_ps(b1, a0, c10);
+                c11 = _mm256_fmadd_ps(b1, a1, c11);
+                let b2 = _mm256_broadcast_ss(&*pb.add(2));
+                c20 = _mm256_fmadd_ps(b2, a0, c20);
+                c21 = _mm256_fmadd_ps(b2, a1, c21);
+                let b3 = _mm256_broadcast_ss(&*pb.add(3));
+                c30 = _mm256_fmadd_ps(b3, a0, c30);
+                c31 = _mm256_fmadd_ps(b3, a1, c31);
+                let b4 = _mm256_broadcast_ss(&*pb.add(4));
+                c40 = _mm256_fmadd_ps(b4, a0, c40);
+                c41 = _mm256_fmadd_ps(b4, a1, c41);
+                let b5 = _mm256_broadcast_ss(&*pb.add(5));
+                c50 = _mm256_fmadd_ps(b5, a0, c50);
+                c51 = _mm256_fmadd_ps(b5, a1, c51);
+                pa = pa.add(NR);
+                pb = pb.add(MR);
+            }
+            let acc = [
+                [c00, c01],
+                [c10, c11],
+                [c20, c21],
+                [c30, c31],
+                [c40, c41],
+                [c50, c51],
+            ];
+            if rows == MR && cols == NR {
+                for (r, pair) in acc.iter().enumerate() {
+                    let p = c.add(r * ldc);
+                    let (mut v0, mut v1) = (pair[0], pair[1]);
+                    if accumulate {
+                        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(p));
+                        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(p.add(8)));
+                    }
+                    _mm256_storeu_ps(p, v0);
+                    _mm256_storeu_ps(p.add(8), v1);
+                }
+            } else {
+                let mut tile = [0f32; MR * NR];
+                for (r, pair) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR), pair[0]);
+                    _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR + 8), pair[1]);
+                }
+                for r in 0..rows {
+                    for j in 0..cols {
+                        let p = c.add(r * ldc + j);
+                        let v = tile[r * NR + j];
+                        *p = if accumulate { *p + v } else { v };
+                    }
+                }
+            }
+        }
+    }
+}

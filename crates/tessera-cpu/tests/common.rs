@@ -1,0 +1,96 @@
+//! Shared helpers: build a graph, run it on the reference and CPU backends, compare.
+
+#![allow(dead_code)]
+
+use tessera::{DType, Graph, ReferenceBackend, Session, TensorId};
+use tessera_cpu::{CpuBackend, Isa};
+
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+/// Every backend configuration the tests compare with the reference: thread counts 1-3 and
+/// every instruction set this CPU has (scalar always).
+pub fn cpu_configs() -> Vec<CpuBackend> {
+    let mut v = vec![
+        CpuBackend::with_isa(1, Isa::Scalar),
+        CpuBackend::with_isa(3, Isa::Scalar),
+    ];
+    let best = tessera_cpu::simd::isa();
+    if best != Isa::Scalar {
+        v.push(CpuBackend::with_isa(1, best));
+        v.push(CpuBackend::with_isa(2, best));
+        v.push(CpuBackend::with_isa(3, best));
+    }
+    v
+}
+
+/// Runs `out` of `g` with random inputs on the reference backend and every CPU configuration;
+/// asserts the max error relative to the output's scale stays within `tol`, and that every CPU
+/// configuration with the same ISA gives bit-identical results whatever its thread count.
+pub fn check(g: Graph, inputs: &[TensorId], out: TensorId, rng: &mut Rng, tol: f64, what: &str) {
+    let mut s = Session::new(g, &[out]).expect("plan");
+    for &i in inputs {
+        let t = s.graph().tensor(i).clone();
+        let n = t.nelements();
+        match t.dtype {
+            DType::I32 => {
+                let v: Vec<i32> = (0..n).map(|_| rng.below(t.ne[0].max(1)) as i32).collect();
+                s.set_i32(i, &v).unwrap();
+            }
+            _ => {
+                let v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                s.set_f32(i, &v).unwrap();
+            }
+        }
+    }
+    s.compute(&ReferenceBackend).expect("reference");
+    let want = s.get_f64(out).unwrap();
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+    let mut by_isa: Vec<(Isa, Vec<f32>)> = Vec::new();
+    for cpu in cpu_configs() {
+        s.compute(&cpu)
+            .unwrap_or_else(|e| panic!("{what}: cpu {:?}/{}t: {e}", cpu.isa(), cpu.n_threads()));
+        let got = s.get_f32(out).unwrap();
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let err = (g as f64 - w).abs() / scale;
+            assert!(
+                err <= tol || (g.is_nan() && w.is_nan()),
+                "{what}: cpu {:?}/{} threads: element {i}: got {g}, reference {w} (error {err:e} of scale {scale:e})",
+                cpu.isa(),
+                cpu.n_threads()
+            );
+        }
+        if let Some((_, first)) = by_isa.iter().find(|(isa, _)| *isa == cpu.isa()) {
+            assert!(
+                first
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: results differ between thread counts on {:?}",
+                cpu.isa()
+            );
+        } else {
+            by_isa.push((cpu.isa(), got));
+        }
+    }
+}
