@@ -1,15 +1,83 @@
-//! CPU kernels, one file per op family (the same names as the core's `ops/`). Ops without a
-//! dedicated kernel yet run the reference kernel on one thread (`fallback`): correct, slow, and
-//! listed by [`fast_path`].
+//! CPU kernels, one file per op family (the same names as the core's `ops/`). Each family file
+//! has `handles(graph, node)` (does a dedicated kernel cover these types and this layout?),
+//! `work_size` and `compute`. Nodes no family handles run the reference kernel on one thread
+//! (`fallback`): correct, slow, and reported by [`fast_path`].
 
+pub mod attention;
+pub mod binary;
 pub mod fallback;
+pub mod glu;
 pub mod matmul;
+pub mod norm;
+pub mod reduce;
+pub mod rope;
+pub mod rows;
+pub mod softmax;
+pub mod unary;
+pub mod view;
 
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
 
-/// Can this backend run `op` on these types?
+/// The family of dedicated kernels for an op, if one exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Nothing,
+    Binary,
+    Unary,
+    Glu,
+    Norm,
+    SoftMax,
+    Rope,
+    Rows,
+    View,
+    Attention,
+    Reduce,
+    MatMul,
+    Fallback,
+}
+
+fn family(op: &Op) -> Family {
+    match op {
+        Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => Family::Nothing,
+        Op::Cont | Op::Cpy => Family::View,
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Add1 | Op::Acc(_) | Op::Set(_) => Family::Binary,
+        Op::Scale { .. } | Op::Unary(_) | Op::LeakyRelu { .. } | Op::Clamp { .. } => Family::Unary,
+        Op::Glu { .. } => Family::Glu,
+        Op::Sum
+        | Op::SumRows
+        | Op::Mean
+        | Op::Argmax
+        | Op::CountEqual
+        | Op::Cumsum
+        | Op::Repeat
+        | Op::RepeatBack
+        | Op::Concat { .. } => Family::Reduce,
+        Op::Norm { .. } | Op::RmsNorm { .. } | Op::L2Norm { .. } | Op::GroupNorm { .. } => Family::Norm,
+        Op::SoftMax { .. } | Op::DiagMaskInf { .. } | Op::DiagMaskZero { .. } => Family::SoftMax,
+        Op::Rope(_) => Family::Rope,
+        Op::GetRows | Op::SetRows => Family::Rows,
+        Op::MulMat => Family::MatMul,
+        Op::FlashAttnExt(_) => Family::Attention,
+        Op::OutProd
+        | Op::Argsort { .. }
+        | Op::TopK { .. }
+        | Op::CrossEntropyLoss
+        | Op::OptStepAdamw
+        | Op::OptStepSgd
+        | Op::Conv2d(_)
+        | Op::Im2col(_)
+        | Op::Pool2d(_)
+        | Op::Pad { .. }
+        | Op::Upscale { .. }
+        | Op::Arange { .. }
+        | Op::TimestepEmbedding { .. } => Family::Fallback,
+    }
+}
+
+/// Can this backend run `op` on these types? (Everything the reference can: what has no
+/// dedicated kernel runs the reference kernel.)
 pub fn supports(op: &Op, src: &[DType], dst: DType) -> bool {
     fallback::supports(op, src, dst)
 }
@@ -17,27 +85,63 @@ pub fn supports(op: &Op, src: &[DType], dst: DType) -> bool {
 /// Whether node `t` runs on a dedicated kernel (true) or on the single-threaded fallback.
 pub fn fast_path(graph: &Graph, t: &Tensor) -> bool {
     let s = |i: usize| graph.tensor(t.src[i]);
-    match &t.op {
-        Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => true,
-        Op::MulMat => matmul::handles(t, s(0), s(1)),
-        _ => false,
+    match family(&t.op) {
+        Family::Nothing => true,
+        Family::Binary => binary::handles(graph, t),
+        Family::Unary => unary::handles(graph, t),
+        Family::Glu => glu::handles(graph, t),
+        Family::Norm => norm::handles(graph, t),
+        Family::SoftMax => softmax::handles(graph, t),
+        Family::Rope => rope::handles(graph, t),
+        Family::Rows => rows::handles(graph, t),
+        Family::View => view::handles(graph, t),
+        Family::Attention => attention::handles(graph, t),
+        Family::Reduce => reduce::handles(graph, t),
+        Family::MatMul => matmul::handles(t, s(0), s(1)),
+        Family::Fallback => false,
     }
 }
 
 /// Bytes of scratch a node needs with `nth` threads.
 pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
+    if !fast_path(graph, t) {
+        return 0;
+    }
     let s = |i: usize| graph.tensor(t.src[i]);
-    match &t.op {
-        Op::MulMat if matmul::handles(t, s(0), s(1)) => matmul::work_size(s(0), s(1), nth),
-        _ => 0,
+    match family(&t.op) {
+        Family::Binary => binary::work_size(graph, t, nth),
+        Family::Unary => unary::work_size(graph, t, nth),
+        Family::Glu => glu::work_size(graph, t, nth),
+        Family::Norm => norm::work_size(graph, t, nth),
+        Family::SoftMax => softmax::work_size(graph, t, nth),
+        Family::Rope => rope::work_size(graph, t, nth),
+        Family::Rows => rows::work_size(graph, t, nth),
+        Family::View => view::work_size(graph, t, nth),
+        Family::Attention => attention::work_size(graph, t, nth),
+        Family::Reduce => reduce::work_size(graph, t, nth),
+        Family::MatMul => matmul::work_size(s(0), s(1), nth),
+        Family::Nothing | Family::Fallback => 0,
     }
 }
 
 /// Computes this thread's share of one node.
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
-    match &ctx.t.op {
-        Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => Ok(()),
-        Op::MulMat if matmul::handles(ctx.t, ctx.s(0), ctx.s(1)) => matmul::compute(ctx),
-        _ => fallback::compute(ctx),
+    if !fast_path(ctx.graph, ctx.t) {
+        return fallback::compute(ctx);
+    }
+    match family(&ctx.t.op) {
+        Family::Nothing => Ok(()),
+        Family::Binary => binary::compute(ctx),
+        Family::Unary => unary::compute(ctx),
+        Family::Glu => glu::compute(ctx),
+        Family::Norm => norm::compute(ctx),
+        Family::SoftMax => softmax::compute(ctx),
+        Family::Rope => rope::compute(ctx),
+        Family::Rows => rows::compute(ctx),
+        Family::View => view::compute(ctx),
+        Family::Attention => attention::compute(ctx),
+        Family::Reduce => reduce::compute(ctx),
+        Family::MatMul => matmul::compute(ctx),
+        Family::Fallback => fallback::compute(ctx),
     }
 }
