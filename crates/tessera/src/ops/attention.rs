@@ -1,7 +1,19 @@
-//! flash_attn_ext: softmax(scale · q·kᵀ (+ ALiBi mask), optional logit softcap) · v, with grouped-query heads.
+//! flash_attn_ext: softmax(scale · q·kᵀ (+ ALiBi mask), optional logit softcap) · v, with
+//! grouped-query heads.
+//!
+//! Shapes as in ggml: q `[D, n_q, H, B]` f32, k `[D, n_kv, H_kv, B]`, v `[Dv, n_kv, H_kv', B]`
+//! (f32, f16 or bf16; `H` a multiple of `H_kv` and `H_kv'`: head `h` reads kv head
+//! `h / (H / H_kv)`), mask f16 `[n_kv, >= n_q, …]` broadcast over dims 2 and 3. The result is
+//! f32 `[Dv, H, n_q, B]`: heads and queries swapped relative to q (ggml's permute(0, 2, 1, 3)).
 
 use crate::error::Result;
+use crate::graph::{Graph, F32_ONLY, FLOATS};
+use crate::op::Op;
+use crate::ops::softmax::alibi_slope;
 use crate::reference::{Dense, NodeRef};
+use crate::shape::fmt_ne;
+use crate::tensor::TensorId;
+use crate::DType;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlashAttnParams {
@@ -10,6 +22,449 @@ pub struct FlashAttnParams {
     pub logit_softcap: f32,
 }
 
-pub(crate) fn reference(n: &NodeRef, _src: &[Dense]) -> Result<Dense> {
-    Err(n.err("reference kernel not written yet"))
+impl Graph {
+    /// ggml_flash_attn_ext: for each query row, `s = scale · q·k` over the kv rows, then
+    /// `s = softcap · tanh(s / softcap)` when `logit_softcap != 0`, plus `slope · mask` (ALiBi
+    /// slope of the head with `max_bias > 0`, else 1); the result is `Σ softmax(s) · v`, and 0
+    /// for a query whose mask is `-inf` everywhere. Output f32 `[Dv, H, n_q, B]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_ext(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+        logit_softcap: f32,
+    ) -> Result<TensorId> {
+        const OP: &str = "flash_attn_ext";
+        let mut src = vec![q, k, v];
+        src.extend(mask);
+        let f16: &[DType] = &[DType::F16];
+        self.check_types(OP, &src, &[F32_ONLY, FLOATS, FLOATS, f16])?;
+        let (qn, kn, vn) = (self.ne(q), self.ne(k), self.ne(v));
+        let shapes = format!("q {}, k {}, v {}", fmt_ne(&qn), fmt_ne(&kn), fmt_ne(&vn));
+        if kn[0] != qn[0] {
+            return Err(self.shape_err(
+                OP,
+                format!(
+                    "{shapes}: k's head size {} differs from q's {}",
+                    kn[0], qn[0]
+                ),
+                &src,
+            ));
+        }
+        if vn[1] != kn[1] {
+            return Err(self.shape_err(
+                OP,
+                format!("{shapes}: v has {} kv rows, k has {}", vn[1], kn[1]),
+                &src,
+            ));
+        }
+        if kn[2] == 0 || vn[2] == 0 || !qn[2].is_multiple_of(kn[2]) || !qn[2].is_multiple_of(vn[2])
+        {
+            return Err(self.shape_err(
+                OP,
+                format!(
+                    "{shapes}: q's {} heads are not a multiple of k's {} and v's {} heads",
+                    qn[2], kn[2], vn[2]
+                ),
+                &src,
+            ));
+        }
+        if kn[3] != qn[3] || vn[3] != qn[3] {
+            return Err(self.shape_err(
+                OP,
+                format!("{shapes}: q, k and v must have the same dim 3"),
+                &src,
+            ));
+        }
+        if let Some(m) = mask {
+            let mn = self.ne(m);
+            if !self.is_contiguous(m) {
+                return Err(self.shape_err(OP, "the mask must be contiguous", &src));
+            }
+            if mn[0] != kn[1]
+                || mn[1] < qn[1]
+                || !qn[2].is_multiple_of(mn[2])
+                || !qn[3].is_multiple_of(mn[3])
+            {
+                return Err(self.shape_err(
+                    OP,
+                    format!(
+                        "mask {} does not fit: it needs ne0 == n_kv = {}, ne1 >= n_q = {}, and ne2, ne3 dividing {}, {}",
+                        fmt_ne(&mn),
+                        kn[1],
+                        qn[1],
+                        qn[2],
+                        qn[3]
+                    ),
+                    &src,
+                ));
+            }
+        } else if max_bias > 0.0 {
+            return Err(self.shape_err(
+                OP,
+                format!("max_bias {max_bias} > 0 (ALiBi) needs a mask"),
+                &src,
+            ));
+        }
+        let ne = [vn[0], qn[2], qn[1], qn[3]];
+        let params = FlashAttnParams {
+            scale,
+            max_bias,
+            logit_softcap,
+        };
+        Ok(self.node(Op::FlashAttnExt(params), DType::F32, ne, &src))
+    }
+}
+
+pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
+    let Op::FlashAttnExt(p) = n.t.op else {
+        return Err(n.err("not flash_attn_ext"));
+    };
+    let (q, k, v) = (&src[0], &src[1], &src[2]);
+    let mask = src.get(3);
+    let (d, n_q, n_head, n_b) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
+    let (n_kv, dv) = (k.ne[1], v.ne[0]);
+    let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
+    let (scale, softcap) = (p.scale as f64, p.logit_softcap as f64);
+    let mut out = Dense::zeros([dv, n_head, n_q, n_b]);
+    for b in 0..n_b {
+        for h in 0..n_head {
+            let slope = alibi_slope(p.max_bias, n_head, h);
+            let (hk, hv) = (h / rk, h / rv);
+            for iq in 0..n_q {
+                // scores of the kv rows the mask does not exclude
+                let mut scores: Vec<(usize, f64)> = Vec::with_capacity(n_kv);
+                for ic in 0..n_kv {
+                    let mv = mask.map_or(0.0, |m| slope * m.at(ic, iq, h % m.ne[2], b % m.ne[3]));
+                    if mv == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let dot: f64 = (0..d).map(|i| q.at(i, iq, h, b) * k.at(i, ic, hk, b)).sum();
+                    let mut s = scale * dot;
+                    if softcap != 0.0 {
+                        s = softcap * (s / softcap).tanh();
+                    }
+                    scores.push((ic, s + mv));
+                }
+                if scores.is_empty() {
+                    continue; // ggml writes 0 when every kv row is masked out
+                }
+                let max = scores.iter().fold(f64::NEG_INFINITY, |m, &(_, s)| m.max(s));
+                let weights: Vec<(usize, f64)> = scores
+                    .iter()
+                    .map(|&(ic, s)| (ic, (s - max).exp()))
+                    .collect();
+                let sum: f64 = weights.iter().map(|w| w.1).sum();
+                for i in 0..dv {
+                    let acc: f64 = weights.iter().map(|&(ic, w)| w * v.at(i, ic, hv, b)).sum();
+                    out.set(i, h, iq, b, acc / sum);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::softmax::alibi_slope;
+    use crate::ops::testutil::*;
+    use crate::*;
+
+    struct Case {
+        d: usize,
+        dv: usize,
+        n_q: usize,
+        n_kv: usize,
+        h: usize,
+        h_kv: usize,
+        b: usize,
+        kv_type: DType,
+        mask_ne: Option<[usize; 4]>,
+        scale: f32,
+        max_bias: f32,
+        softcap: f32,
+    }
+
+    /// Plain attention from the flat inputs, output `[dv, h, n_q, b]`.
+    #[allow(clippy::too_many_arguments)]
+    fn direct(c: &Case, q: &[f32], k: &[f32], v: &[f32], m: Option<&[f32]>) -> Vec<f64> {
+        let mut out = vec![0.0; c.dv * c.h * c.n_q * c.b];
+        let g = c.h / c.h_kv;
+        for b in 0..c.b {
+            for h in 0..c.h {
+                let hk = h / g;
+                for iq in 0..c.n_q {
+                    let mut s = vec![0.0f64; c.n_kv];
+                    for (ic, sc) in s.iter_mut().enumerate() {
+                        let mut dot = 0.0;
+                        for i in 0..c.d {
+                            dot += q[((b * c.h + h) * c.n_q + iq) * c.d + i] as f64
+                                * k[((b * c.h_kv + hk) * c.n_kv + ic) * c.d + i] as f64;
+                        }
+                        let mut x = c.scale as f64 * dot;
+                        if c.softcap != 0.0 {
+                            x = c.softcap as f64 * (x / c.softcap as f64).tanh();
+                        }
+                        if let (Some(m), Some(mn)) = (m, c.mask_ne) {
+                            let mi = ic + mn[0] * (iq + mn[1] * (h % mn[2] + mn[2] * (b % mn[3])));
+                            x += alibi_slope(c.max_bias, c.h, h) * m[mi] as f64;
+                        }
+                        *sc = x;
+                    }
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    if mx == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for i in 0..c.dv {
+                        let acc: f64 = (0..c.n_kv)
+                            .map(|ic| {
+                                e[ic] * v[((b * c.h_kv + hk) * c.n_kv + ic) * c.dv + i] as f64
+                            })
+                            .sum();
+                        out[((b * c.n_q + iq) * c.h + h) * c.dv + i] = acc / sum;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn round_f16(x: Vec<f32>) -> Vec<f32> {
+        x.into_iter()
+            .map(|v| half::f16::from_f32(v).to_f32())
+            .collect()
+    }
+
+    #[test]
+    fn random_cases_against_plain_attention() {
+        let mut rng = Rng::new(99);
+        let cases = [
+            Case {
+                d: 4,
+                dv: 4,
+                n_q: 1,
+                n_kv: 1,
+                h: 1,
+                h_kv: 1,
+                b: 1,
+                kv_type: DType::F32,
+                mask_ne: None,
+                scale: 1.0,
+                max_bias: 0.0,
+                softcap: 0.0,
+            },
+            Case {
+                d: 8,
+                dv: 8,
+                n_q: 3,
+                n_kv: 17,
+                h: 4,
+                h_kv: 2,
+                b: 1,
+                kv_type: DType::F16,
+                mask_ne: Some([17, 3, 1, 1]),
+                scale: 0.35,
+                max_bias: 0.0,
+                softcap: 0.0,
+            },
+            Case {
+                d: 3,
+                dv: 5,
+                n_q: 17,
+                n_kv: 3,
+                h: 3,
+                h_kv: 1,
+                b: 2,
+                kv_type: DType::F32,
+                mask_ne: Some([3, 20, 3, 1]),
+                scale: 0.5,
+                max_bias: 8.0,
+                softcap: 0.0,
+            },
+            Case {
+                d: 16,
+                dv: 16,
+                n_q: 5,
+                n_kv: 9,
+                h: 2,
+                h_kv: 2,
+                b: 1,
+                kv_type: DType::F32,
+                mask_ne: Some([9, 5, 1, 1]),
+                scale: 0.25,
+                max_bias: 0.0,
+                softcap: 2.0,
+            },
+        ];
+        for c in &cases {
+            let mut g = Graph::new();
+            let q = g.new_f32(&[c.d, c.n_q, c.h, c.b]).unwrap();
+            let k = g
+                .new_tensor(c.kv_type, &[c.d, c.n_kv, c.h_kv, c.b])
+                .unwrap();
+            let v = g
+                .new_tensor(c.kv_type, &[c.dv, c.n_kv, c.h_kv, c.b])
+                .unwrap();
+            let m = c.mask_ne.map(|mn| g.new_tensor(DType::F16, &mn).unwrap());
+            let o = g
+                .flash_attn_ext(q, k, v, m, c.scale, c.max_bias, c.softcap)
+                .unwrap();
+            assert_eq!(g.ne(o), [c.dv, c.h, c.n_q, c.b]);
+            let qv = rng.vec(c.d * c.n_q * c.h * c.b, -1.0, 1.0);
+            let mut kv = rng.vec(c.d * c.n_kv * c.h_kv * c.b, -1.0, 1.0);
+            let mut vv = rng.vec(c.dv * c.n_kv * c.h_kv * c.b, -1.0, 1.0);
+            if c.kv_type == DType::F16 {
+                kv = round_f16(kv);
+                vv = round_f16(vv);
+            }
+            let mut inputs = vec![(q, qv.clone()), (k, kv.clone()), (v, vv.clone())];
+            let mv = c.mask_ne.map(|mn| {
+                let mut x = round_f16(rng.vec(mn.iter().product(), -1.0, 1.0));
+                x[0] = f32::NEG_INFINITY; // query 0 of head 0 ignores kv row 0
+                x
+            });
+            if let (Some(m), Some(mv)) = (m, &mv) {
+                inputs.push((m, mv.clone()));
+            }
+            let got = run1(g, &inputs, o);
+            assert_close(&got, &direct(c, &qv, &kv, &vv, mv.as_deref()), 1e-5);
+        }
+    }
+
+    #[test]
+    fn one_query_by_hand_and_fully_masked_rows_give_zero() {
+        // q = (1, 0), keys (1, 0) and (0, 1), scale ln 3: scores ln 3 and 0 -> weights 3/4, 1/4
+        let mut g = Graph::new();
+        let q = g.new_f32(&[2, 2]).unwrap();
+        let k = g.new_f32(&[2, 2]).unwrap();
+        let v = g.new_f32(&[1, 2]).unwrap();
+        let m = g.new_tensor(DType::F16, &[2, 2]).unwrap();
+        let o = g
+            .flash_attn_ext(q, k, v, Some(m), 3f32.ln(), 0.0, 0.0)
+            .unwrap();
+        let inputs = [
+            (q, vec![1.0, 0.0, 1.0, 0.0]),
+            (k, vec![1.0, 0.0, 0.0, 1.0]),
+            (v, vec![10.0, 2.0]),
+            (m, vec![0.0, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]),
+        ];
+        let out = run1(g, &inputs, o);
+        assert_close(&out, &[0.75 * 10.0 + 0.25 * 2.0, 0.0], 1e-6);
+    }
+
+    #[test]
+    fn permuted_k_and_v_views_like_a_kv_cache() {
+        // the cache stores [D, H_kv, n_kv]; attention reads it permuted to [D, n_kv, H_kv]
+        let mut rng = Rng::new(17);
+        let (d, n_q, h, n_kv) = (4, 3, 2, 5);
+        let mut g = Graph::new();
+        let q = g.new_f32(&[d, n_q, h]).unwrap();
+        let kc = g.new_tensor(DType::F16, &[d, h, n_kv]).unwrap();
+        let vc = g.new_f32(&[d, h, n_kv]).unwrap();
+        let k = g.permute(kc, [0, 2, 1, 3]).unwrap();
+        let v = g.permute(vc, [0, 2, 1, 3]).unwrap();
+        assert!(!g.is_contiguous(k));
+        let o = g.flash_attn_ext(q, k, v, None, 0.5, 0.0, 0.0).unwrap();
+        let qv = rng.vec(d * n_q * h, -1.0, 1.0);
+        let kcv = round_f16(rng.vec(d * h * n_kv, -1.0, 1.0));
+        let vcv = rng.vec(d * h * n_kv, -1.0, 1.0);
+        let got = run1(
+            g,
+            &[(q, qv.clone()), (kc, kcv.clone()), (vc, vcv.clone())],
+            o,
+        );
+        // unpermute the caches to [D, n_kv, H] for the direct formula
+        let unperm = |x: &[f32]| -> Vec<f32> {
+            (0..d * n_kv * h)
+                .map(|i| {
+                    let (i0, ic, hh) = (i % d, (i / d) % n_kv, i / (d * n_kv));
+                    x[(ic * h + hh) * d + i0]
+                })
+                .collect()
+        };
+        let c = Case {
+            d,
+            dv: d,
+            n_q,
+            n_kv,
+            h,
+            h_kv: h,
+            b: 1,
+            kv_type: DType::F32,
+            mask_ne: None,
+            scale: 0.5,
+            max_bias: 0.0,
+            softcap: 0.0,
+        };
+        assert_close(
+            &got,
+            &direct(&c, &qv, &unperm(&kcv), &unperm(&vcv), None),
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn bad_inputs_name_the_op_and_shapes() {
+        let mut g = Graph::new();
+        let q = g.new_f32(&[8, 3, 4]).unwrap();
+        let k = g.new_tensor(DType::F16, &[8, 5, 3]).unwrap();
+        let v = g.new_tensor(DType::F16, &[8, 5, 3]).unwrap();
+        let e = g
+            .flash_attn_ext(q, k, v, None, 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("flash_attn_ext:")
+                && e.contains("4 heads")
+                && e.contains("f16 [8, 5, 3, 1]"),
+            "{e}"
+        );
+        let k = g.new_tensor(DType::F16, &[6, 5, 2]).unwrap();
+        let e = g
+            .flash_attn_ext(q, k, v, None, 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head size 6"), "{e}");
+        let k = g.new_tensor(DType::F16, &[8, 5, 2]).unwrap();
+        let v = g.new_tensor(DType::F16, &[8, 4, 2]).unwrap();
+        let e = g
+            .flash_attn_ext(q, k, v, None, 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("v has 4 kv rows, k has 5"), "{e}");
+        let v = g.new_tensor(DType::F16, &[8, 5, 2]).unwrap();
+        let m = g.new_tensor(DType::F16, &[5, 2]).unwrap();
+        let e = g
+            .flash_attn_ext(q, k, v, Some(m), 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("mask [5, 2, 1, 1] does not fit") && e.contains("n_q = 3"),
+            "{e}"
+        );
+        let m32 = g.new_f32(&[5, 3]).unwrap();
+        let e = g
+            .flash_attn_ext(q, k, v, Some(m32), 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input 3 has type f32"), "{e}");
+        let e = g
+            .flash_attn_ext(q, k, v, None, 1.0, 8.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a mask"), "{e}");
+        let qh = g.new_tensor(DType::F16, &[8, 3, 4]).unwrap();
+        let e = g
+            .flash_attn_ext(qh, k, v, None, 1.0, 0.0, 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input 0 has type f16"), "{e}");
+    }
 }
