@@ -21,18 +21,26 @@ impl Desc {
         let mut op = None;
         let mut kv = HashMap::new();
         for tok in s.split_whitespace() {
-            let (k, v) = tok.split_once('=').ok_or_else(|| format!("token '{tok}' has no '='"))?;
+            let (k, v) = tok
+                .split_once('=')
+                .ok_or_else(|| format!("token '{tok}' has no '='"))?;
             if k == "op" {
                 op = Some(v.to_string());
             } else {
                 kv.insert(k.to_string(), v.to_string());
             }
         }
-        Ok(Desc { op: op.ok_or("no op= token")?, kv })
+        Ok(Desc {
+            op: op.ok_or("no op= token")?,
+            kv,
+        })
     }
 
     fn get(&self, k: &str) -> Result<&str, String> {
-        self.kv.get(k).map(|s| s.as_str()).ok_or_else(|| format!("desc lacks '{k}'"))
+        self.kv
+            .get(k)
+            .map(|s| s.as_str())
+            .ok_or_else(|| format!("desc lacks '{k}'"))
     }
 
     fn f32(&self, k: &str) -> Result<f32, String> {
@@ -44,7 +52,10 @@ impl Desc {
     }
 
     fn list(&self, k: &str) -> Result<Vec<usize>, String> {
-        self.get(k)?.split(',').map(|x| x.parse().map_err(|e| format!("{k}: {e}"))).collect()
+        self.get(k)?
+            .split(',')
+            .map(|x| x.parse().map_err(|e| format!("{k}: {e}")))
+            .collect()
     }
 }
 
@@ -56,7 +67,11 @@ fn e<T>(r: tessera::Result<T>) -> Result<T, String> {
 pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId, String> {
     let need = |n: usize| -> Result<(), String> {
         if ins.len() < n {
-            Err(format!("{} needs {n} inputs, the file has {}", d.op, ins.len()))
+            Err(format!(
+                "{} needs {n} inputs, the file has {}",
+                d.op,
+                ins.len()
+            ))
         } else {
             Ok(())
         }
@@ -196,10 +211,12 @@ pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId,
         }
         "opt_step_adamw" => {
             need(5)?;
+            e(g.set_param(ins[0]))?;
             g.opt_step_adamw(ins[0], ins[1], ins[2], ins[3], ins[4])
         }
         "opt_step_sgd" => {
             need(3)?;
+            e(g.set_param(ins[0]))?;
             g.opt_step_sgd(ins[0], ins[1], ins[2])
         }
         "conv_2d" => {
@@ -232,7 +249,13 @@ pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId,
                 d.usize("p1")?,
             )
         }
-        "pad" => g.pad(ins[0], d.usize("p0")?, d.usize("p1")?, d.usize("p2")?, d.usize("p3")?),
+        "pad" => g.pad(
+            ins[0],
+            d.usize("p0")?,
+            d.usize("p1")?,
+            d.usize("p2")?,
+            d.usize("p3")?,
+        ),
         "argsort" => {
             let order = match d.get("order")? {
                 "asc" => SortOrder::Asc,
@@ -249,7 +272,9 @@ pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId,
             g.upscale(ins[0], d.usize("scale_factor")?)
         }
         "arange" => g.arange(d.f32("start")?, d.f32("stop")?, d.f32("step")?),
-        "timestep_embedding" => g.timestep_embedding(ins[0], d.usize("dim")?, d.usize("max_period")? as i32),
+        "timestep_embedding" => {
+            g.timestep_embedding(ins[0], d.usize("dim")?, d.usize("max_period")? as i32)
+        }
         other => return Err(format!("unknown op '{other}'")),
     };
     e(out)
@@ -313,7 +338,10 @@ pub struct CaseResult {
 
 /// All backends a conformance run compares.
 pub fn backends() -> Vec<Box<dyn Backend>> {
-    vec![Box::new(ReferenceBackend), Box::new(tessera_cpu::CpuBackend::default())]
+    vec![
+        Box::new(ReferenceBackend),
+        Box::new(tessera_cpu::CpuBackend::default()),
+    ]
 }
 
 /// Runs every case of `file` on every backend.
@@ -331,7 +359,9 @@ pub fn run_ops(file: &GgufFile) -> Result<(Vec<CaseResult>, usize), String> {
     let mut grads_seen = 0;
     let mut results = Vec::new();
     for (case, desc) in &cases {
-        grads_seen += (0..8).filter(|k| file.tensor(&format!("{case}/grad{k}")).is_some()).count();
+        grads_seen += (0..8)
+            .filter(|k| file.tensor(&format!("{case}/grad{k}")).is_some())
+            .count();
         for b in backends() {
             results.push(run_case(file, case, desc, b.as_ref()));
         }
@@ -342,7 +372,12 @@ pub fn run_ops(file: &GgufFile) -> Result<(Vec<CaseResult>, usize), String> {
 fn run_case(file: &GgufFile, case: &str, desc: &str, backend: &dyn Backend) -> CaseResult {
     let mut r = CaseResult {
         case: case.to_string(),
-        op: desc.split_whitespace().next().unwrap_or("").trim_start_matches("op=").to_string(),
+        op: desc
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("op=")
+            .to_string(),
         backend: backend.name().to_string(),
         nmse: None,
         pass: false,
@@ -361,20 +396,29 @@ fn run_case(file: &GgufFile, case: &str, desc: &str, backend: &dyn Backend) -> C
     r
 }
 
-fn run_case_inner(file: &GgufFile, case: &str, desc: &str, backend: &dyn Backend) -> Result<(f64, f64), String> {
+fn run_case_inner(
+    file: &GgufFile,
+    case: &str,
+    desc: &str,
+    backend: &dyn Backend,
+) -> Result<(f64, f64), String> {
     let d = Desc::parse(desc)?;
     let mut g = Graph::new();
     let mut ins = Vec::new();
     let mut datas = Vec::new();
     for k in 0.. {
-        let Some(t) = file.tensor(&format!("{case}/in{k}")) else { break };
+        let Some(t) = file.tensor(&format!("{case}/in{k}")) else {
+            break;
+        };
         let id = e(g.new_tensor(t.dtype, t.shape()))?;
         g.set_name(id, format!("in{k}"));
         ins.push(id);
         datas.push(file.tensor_data(t));
     }
     let out = build_case(&mut g, &d, &ins)?;
-    let want_t = file.tensor(&format!("{case}/out")).ok_or_else(|| format!("{case}/out missing"))?;
+    let want_t = file
+        .tensor(&format!("{case}/out"))
+        .ok_or_else(|| format!("{case}/out missing"))?;
     let got_ne = g.ne(out);
     let want_ne = tessera::shape::ne_from(want_t.shape());
     if got_ne != want_ne {
@@ -388,7 +432,11 @@ fn run_case_inner(file: &GgufFile, case: &str, desc: &str, backend: &dyn Backend
     }
     e(s.compute(backend))?;
     let got = e(s.get_f64(out))?;
-    let want = e(tessera::decode(want_t.dtype, want_t.shape(), file.tensor_data(want_t)))?;
+    let want = e(tessera::decode(
+        want_t.dtype,
+        want_t.shape(),
+        file.tensor_data(want_t),
+    ))?;
     Ok((nmse(&got, &want), bound(&d.op, in0_type, out_type)))
 }
 
@@ -399,7 +447,11 @@ pub fn report(results: &[CaseResult], grads: usize) -> (String, usize) {
     for r in results {
         let nm = r.nmse.map_or("-".to_string(), |v| format!("{v:.3e}"));
         let verdict = if r.pass { "PASS" } else { "FAIL" };
-        let _ = write!(s, "{:<6} {:<20} {:<10} nmse={:<10} {}", r.case, r.op, r.backend, nm, verdict);
+        let _ = write!(
+            s,
+            "{:<6} {:<20} {:<10} nmse={:<10} {}",
+            r.case, r.op, r.backend, nm, verdict
+        );
         if !r.note.is_empty() {
             let _ = write!(s, "  ({})", r.note);
         }
@@ -428,7 +480,13 @@ mod tests {
         assert_eq!(d.f32("freq_base").unwrap(), 10000.0);
         assert!(d.usize("missing").unwrap_err().contains("missing"));
         assert!(Desc::parse("n=1").is_err());
-        assert_eq!(Desc::parse("op=repeat ne=8,4,3,2").unwrap().list("ne").unwrap(), vec![8, 4, 3, 2]);
+        assert_eq!(
+            Desc::parse("op=repeat ne=8,4,3,2")
+                .unwrap()
+                .list("ne")
+                .unwrap(),
+            vec![8, 4, 3, 2]
+        );
     }
 
     #[test]

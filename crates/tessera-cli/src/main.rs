@@ -1,6 +1,11 @@
 //! The `tessera` command-line tool.
 
+mod alloc_count;
+mod bench;
 mod conformance;
+
+#[global_allocator]
+static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +14,11 @@ use clap::{Parser, Subcommand};
 use tessera_gguf::GgufFile;
 
 #[derive(Parser)]
-#[command(name = "tessera", version, about = "ggml rebuilt in Rust: tensors, GGUF, conformance")]
+#[command(
+    name = "tessera",
+    version,
+    about = "ggml rebuilt in Rust: tensors, GGUF, conformance"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -21,6 +30,18 @@ enum Cmd {
     Info {
         /// The GGUF file.
         file: PathBuf,
+    },
+    /// Micro-benchmarks of the CPU backend with their baselines (numpy, memory copy).
+    BenchOps {
+        /// Thread counts to measure, comma separated.
+        #[arg(short = 't', long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        /// Timed repetitions per measurement (the median is reported).
+        #[arg(short = 'r', long, default_value_t = 5)]
+        reps: usize,
+        /// Skip the numpy baseline.
+        #[arg(long)]
+        no_numpy: bool,
     },
     /// Check Tessera against golden vectors written by ggml.
     Conformance {
@@ -55,7 +76,21 @@ fn main() -> ExitCode {
             }
             Err(c) => c,
         },
-        Cmd::Conformance { what: ConformanceCmd::Ops { file } } => {
+        Cmd::BenchOps {
+            threads,
+            reps,
+            no_numpy,
+        } => {
+            bench::run(&bench::Opts {
+                threads,
+                reps: reps.max(1),
+                numpy: !no_numpy,
+            });
+            ExitCode::SUCCESS
+        }
+        Cmd::Conformance {
+            what: ConformanceCmd::Ops { file },
+        } => {
             let f = match open(&file) {
                 Ok(f) => f,
                 Err(c) => return c,

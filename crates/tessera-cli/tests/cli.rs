@@ -9,19 +9,27 @@ use tessera_gguf::{GgufWriter, Value};
 fn golden_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("TESSERA_GOLDEN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+        });
     if dir.join("ops.gguf").is_file() {
         return Some(dir);
     }
     if std::env::var_os("TESSERA_REQUIRE_GOLDEN").is_some() {
-        panic!("golden vectors required (TESSERA_REQUIRE_GOLDEN) but not found in {}", dir.display());
+        panic!(
+            "golden vectors required (TESSERA_REQUIRE_GOLDEN) but not found in {}",
+            dir.display()
+        );
     }
     eprintln!("SKIPPED: golden dir {} not found", dir.display());
     None
 }
 
 fn tessera(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera")).args(args).output().expect("run tessera");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("run tessera");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -36,13 +44,23 @@ fn conformance_ops_passes_every_golden_case() {
     let (code, out, err) = tessera(&["conformance", "ops", path.to_str().unwrap()]);
     let last = out.lines().last().unwrap_or("");
     let failures: Vec<&str> = out.lines().filter(|l| l.contains("FAIL")).collect();
-    assert!(failures.is_empty(), "failing cases:\n{}\n{err}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing cases:\n{}\n{err}",
+        failures.join("\n")
+    );
     // 112 cases on two backends (reference and cpu)
     assert_eq!(last, "224 passed, 0 failed", "{out}\n{err}");
     assert_eq!(code, 0);
     // one line per case and backend, each naming case, op, backend and nmse
-    let c045 = out.lines().find(|l| l.starts_with("c045")).expect("c045 line");
-    assert!(c045.contains("rms_norm") && c045.contains("reference") && c045.contains("nmse="), "{c045}");
+    let c045 = out
+        .lines()
+        .find(|l| l.starts_with("c045"))
+        .expect("c045 line");
+    assert!(
+        c045.contains("rms_norm") && c045.contains("reference") && c045.contains("nmse="),
+        "{c045}"
+    );
 }
 
 #[test]
@@ -51,9 +69,12 @@ fn conformance_reports_a_wrong_output_and_exits_1() {
     let mut w = GgufWriter::new();
     w.add_kv("c000.desc", Value::from("op=add shape=same"));
     let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    w.add_tensor("c000/in0", DType::F32, &[4], &f(&[1., 2., 3., 4.])).unwrap();
-    w.add_tensor("c000/in1", DType::F32, &[4], &f(&[1., 1., 1., 1.])).unwrap();
-    w.add_tensor("c000/out", DType::F32, &[4], &f(&[2., 3., 4., 6.])).unwrap();
+    w.add_tensor("c000/in0", DType::F32, &[4], &f(&[1., 2., 3., 4.]))
+        .unwrap();
+    w.add_tensor("c000/in1", DType::F32, &[4], &f(&[1., 1., 1., 1.]))
+        .unwrap();
+    w.add_tensor("c000/out", DType::F32, &[4], &f(&[2., 3., 4., 6.]))
+        .unwrap();
     let path = std::env::temp_dir().join(format!("tessera-bad-golden-{}.gguf", std::process::id()));
     w.write_file(&path).unwrap();
     let (code, out, _) = tessera(&["conformance", "ops", path.to_str().unwrap()]);
@@ -82,8 +103,14 @@ fn info_prints_metadata_and_tensors() {
     let path = dir.join("quant-gaussian.gguf");
     let (code, out, err) = tessera(&["info", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("kv.str") && out.contains("héllo, ggml ✓"), "{out}");
-    assert!(out.contains("kv.u64") && out.contains("18000000000000000000"), "{out}");
+    assert!(
+        out.contains("kv.str") && out.contains("héllo, ggml ✓"),
+        "{out}"
+    );
+    assert!(
+        out.contains("kv.u64") && out.contains("18000000000000000000"),
+        "{out}"
+    );
     assert!(out.contains("q.q4_K") && out.contains("q4_K"), "{out}");
     assert!(out.contains("1024") && out.contains("imatrix"), "{out}");
 }

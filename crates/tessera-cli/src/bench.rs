@@ -1,0 +1,324 @@
+//! `tessera bench-ops`: micro-benchmarks of the CPU backend, each reported with the baseline it
+//! is judged against, measured in the same run: f32 mul_mat against numpy (OpenBLAS), the thread
+//! pool's cost per node, element-wise add against a plain memory copy, and a transformer layer
+//! (time and heap allocations per execution).
+
+use std::process::Command;
+use std::time::Instant;
+
+use tessera::{DType, Graph, Session, TensorId};
+use tessera_cpu::CpuBackend;
+
+use crate::alloc_count::allocations;
+
+pub struct Opts {
+    pub threads: Vec<usize>,
+    pub reps: usize,
+    pub numpy: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Times `f` `reps` times after one warm-up run; returns the median seconds.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn fill(s: &mut Session, id: TensorId, seed: u32) {
+    let n = s.nelements(id);
+    let mut x = seed.wrapping_mul(2654435761) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) - 0.5
+        })
+        .collect();
+    s.set_f32(id, &v).expect("fill");
+}
+
+/// The shapes of issue 3: (K, M, N) for a = [K, M], b = [K, N].
+pub const MATMUL_SHAPES: [(usize, usize, usize); 3] =
+    [(4096, 4096, 512), (576, 1536, 512), (1024, 1024, 1024)];
+
+fn numpy_gflops(threads: usize, reps: usize) -> Option<Vec<f64>> {
+    let specs: Vec<String> = MATMUL_SHAPES
+        .iter()
+        .map(|&(k, m, n)| format!("{n},{k},{m}"))
+        .collect();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(include_str!("numpy_matmul.py"))
+        .arg(reps.to_string())
+        .args(&specs)
+        .env("OPENBLAS_NUM_THREADS", threads.to_string())
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "bench-ops: numpy baseline failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split("\"gflops\": ").nth(1))
+        .filter_map(|x| x.trim_end_matches('}').trim().parse().ok())
+        .collect();
+    (v.len() == MATMUL_SHAPES.len()).then_some(v)
+}
+
+fn bench_matmul(cpu: &CpuBackend, reps: usize) -> Vec<f64> {
+    MATMUL_SHAPES
+        .iter()
+        .map(|&(k, m, n)| {
+            let mut g = Graph::new();
+            let a = g.new_f32(&[k, m]).unwrap();
+            let b = g.new_f32(&[k, n]).unwrap();
+            let y = g.mul_mat(a, b).unwrap();
+            let mut s = Session::new(g, &[y]).unwrap();
+            fill(&mut s, a, 1);
+            fill(&mut s, b, 2);
+            let t = time(reps, || s.compute(cpu).unwrap());
+            2.0 * (k * m * n) as f64 / t / 1e9
+        })
+        .collect()
+}
+
+/// Seconds per node of a chain of `n` tiny nodes (scale of one float): the executor's dispatch
+/// and barrier cost.
+fn bench_tiny_nodes(cpu: &CpuBackend, reps: usize, n: usize) -> (f64, bool) {
+    let mut g = Graph::new();
+    let a = g.new_f32(&[1]).unwrap();
+    let mut x = a;
+    for _ in 0..n {
+        x = g.scale(x, 1.0001).unwrap();
+    }
+    let mut s = Session::new(g, &[x]).unwrap();
+    s.set_f32(a, &[1.0]).unwrap();
+    let fast = tessera_cpu::ops::fast_path(s.graph(), s.graph().tensor(x));
+    (time(reps, || s.compute(cpu).unwrap()) / n as f64, fast)
+}
+
+/// Seconds per barrier of the bare pool.
+fn bench_barrier(threads: usize, reps: usize) -> f64 {
+    let pool = tessera_cpu::ThreadPool::new(threads);
+    let n = 10_000;
+    time(reps, || {
+        pool.run(|_| {
+            for _ in 0..n {
+                pool.barrier();
+            }
+        })
+        .unwrap()
+    }) / n as f64
+}
+
+/// GB/s of an element-wise add of `n` floats (two reads, one write) and of a plain copy of the
+/// same number of floats (one read, one write).
+fn bench_add(cpu: &CpuBackend, reps: usize, n: usize) -> (f64, f64) {
+    let mut g = Graph::new();
+    let a = g.new_f32(&[n]).unwrap();
+    let b = g.new_f32(&[n]).unwrap();
+    let y = g.add(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    fill(&mut s, a, 3);
+    fill(&mut s, b, 4);
+    let t_add = time(reps, || s.compute(cpu).unwrap());
+    let src = vec![1.5f32; n];
+    let mut dst = vec![0f32; n];
+    let t_copy = time(reps, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    });
+    let bytes = (n * 4) as f64;
+    (3.0 * bytes / t_add / 1e9, 2.0 * bytes / t_copy / 1e9)
+}
+
+/// A llama-style transformer layer at SmolLM2-135M sizes (576 dims, 9 heads of 64, 3 KV heads,
+/// 1536 hidden) over `t` tokens, f32 weights. Returns the graph, its inputs and its output.
+pub fn layer_graph(t: usize) -> (Graph, Vec<TensorId>, TensorId) {
+    let (d, nh, nkv, hd, ff) = (576, 9, 3, 64, 1536);
+    let mut g = Graph::new();
+    let mut inputs = Vec::new();
+    let w = |g: &mut Graph, dims: &[usize], inputs: &mut Vec<TensorId>| {
+        let id = g.new_f32(dims).unwrap();
+        inputs.push(id);
+        id
+    };
+    let x = w(&mut g, &[d, t], &mut inputs);
+    let attn_norm = w(&mut g, &[d], &mut inputs);
+    let wq = w(&mut g, &[d, nh * hd], &mut inputs);
+    let wk = w(&mut g, &[d, nkv * hd], &mut inputs);
+    let wv = w(&mut g, &[d, nkv * hd], &mut inputs);
+    let wo = w(&mut g, &[nh * hd, d], &mut inputs);
+    let ffn_norm = w(&mut g, &[d], &mut inputs);
+    let wg = w(&mut g, &[d, ff], &mut inputs);
+    let wu = w(&mut g, &[d, ff], &mut inputs);
+    let wd = w(&mut g, &[ff, d], &mut inputs);
+    let pos = g.new_tensor(DType::I32, &[t]).unwrap();
+    let mask = g.new_tensor(DType::F16, &[t, t]).unwrap();
+    g.set_name(pos, "pos");
+    g.set_name(mask, "mask");
+    let l = (|| -> tessera::Result<TensorId> {
+        let h = g.rms_norm(x, 1e-5)?;
+        let h = g.mul(h, attn_norm)?;
+        let q = g.mul_mat(wq, h)?;
+        let q = g.reshape(q, &[hd, nh, t])?;
+        let q = g.rope(q, pos, hd, 2)?;
+        let q = g.permute(q, [0, 2, 1, 3])?; // [hd, t, nh]
+        let k = g.mul_mat(wk, h)?;
+        let k = g.reshape(k, &[hd, nkv, t])?;
+        let k = g.rope(k, pos, hd, 2)?;
+        let k = g.permute(k, [0, 2, 1, 3])?; // [hd, t, nkv]
+        let v = g.mul_mat(wv, h)?;
+        let v = g.reshape(v, &[hd, nkv, t])?;
+        let v = g.permute(v, [1, 2, 0, 3])?; // [t, hd, nkv]
+        let v = g.cont(v)?;
+        let kq = g.mul_mat(k, q)?; // [t_kv, t, nh]
+        let kq = g.soft_max_ext(kq, Some(mask), 1.0 / (hd as f32).sqrt(), 0.0)?;
+        let kqv = g.mul_mat(v, kq)?; // [hd, t, nh]
+        let kqv = g.permute(kqv, [0, 2, 1, 3])?; // [hd, nh, t]
+        let kqv = g.cont(kqv)?;
+        let kqv = g.reshape(kqv, &[nh * hd, t])?;
+        let o = g.mul_mat(wo, kqv)?;
+        let x2 = g.add(x, o)?;
+        let h2 = g.rms_norm(x2, 1e-5)?;
+        let h2 = g.mul(h2, ffn_norm)?;
+        let gate = g.mul_mat(wg, h2)?;
+        let up = g.mul_mat(wu, h2)?;
+        let act = g.swiglu_split(gate, up)?;
+        let down = g.mul_mat(wd, act)?;
+        g.add(x2, down)
+    })()
+    .expect("layer graph");
+    inputs.push(pos);
+    inputs.push(mask);
+    (g, inputs, l)
+}
+
+fn bench_layer(cpu: &CpuBackend, reps: usize, t: usize) -> (f64, usize, usize) {
+    let (g, inputs, out) = layer_graph(t);
+    let mut s = Session::new(g, &[out]).unwrap();
+    for (i, &id) in inputs.iter().enumerate() {
+        match s.graph().name(id) {
+            "pos" => s.set_i32(id, &(0..t as i32).collect::<Vec<_>>()).unwrap(),
+            "mask" => {
+                let m: Vec<f32> = (0..t * t)
+                    .map(|k| {
+                        if k % t > k / t {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                s.set_f32(id, &m).unwrap();
+            }
+            _ => fill(&mut s, id, 10 + i as u32),
+        }
+    }
+    let slow = s
+        .plan()
+        .nodes
+        .iter()
+        .filter(|&&id| !tessera_cpu::ops::fast_path(s.graph(), s.graph().tensor(id)))
+        .count();
+    s.compute(cpu).unwrap();
+    let before = allocations();
+    s.compute(cpu).unwrap();
+    let allocs = allocations() - before;
+    (time(reps, || s.compute(cpu).unwrap()), allocs, slow)
+}
+
+pub fn run(o: &Opts) {
+    println!(
+        "tessera bench-ops — CPU backend, ISA {}",
+        tessera_cpu::simd::isa().name()
+    );
+    println!();
+    println!("f32 mul_mat, GFLOP/s (a = [K, M], b = [K, N]; numpy: the same product, OpenBLAS)");
+    println!("| shape K×M·K×N | threads | tessera | numpy | ratio |");
+    println!("|---|---|---|---|---|");
+    for &th in &o.threads {
+        let cpu = CpuBackend::new(th);
+        let ours = bench_matmul(&cpu, o.reps);
+        let theirs = if o.numpy {
+            numpy_gflops(th, o.reps)
+        } else {
+            None
+        };
+        for (i, &(k, m, n)) in MATMUL_SHAPES.iter().enumerate() {
+            match &theirs {
+                Some(np) => println!(
+                    "| [{k}×{m}]·[{k}×{n}] | {th} | {:.1} | {:.1} | {:.2}× |",
+                    ours[i],
+                    np[i],
+                    ours[i] / np[i]
+                ),
+                None => println!(
+                    "| [{k}×{m}]·[{k}×{n}] | {th} | {:.1} | n/a | n/a |",
+                    ours[i]
+                ),
+            }
+        }
+    }
+    println!();
+    println!("thread pool");
+    println!("| threads | bare barrier (ns) | per node, chain of 1000 tiny nodes (ns) |");
+    println!("|---|---|---|");
+    for &th in &o.threads {
+        let cpu = CpuBackend::new(th);
+        let (per_node, fast) = bench_tiny_nodes(&cpu, o.reps, 1000);
+        println!(
+            "| {th} | {:.0} | {:.0}{} |",
+            bench_barrier(th, o.reps) * 1e9,
+            per_node * 1e9,
+            if fast {
+                ""
+            } else {
+                " (scale runs on the fallback kernel)"
+            }
+        );
+    }
+    println!();
+    println!(
+        "element-wise add of 16M floats vs a plain copy of 16M floats (GB/s, bytes read + written)"
+    );
+    println!("| threads | add | copy | ratio |");
+    println!("|---|---|---|---|");
+    for &th in &o.threads {
+        let cpu = CpuBackend::new(th);
+        let (add, copy) = bench_add(&cpu, o.reps, 16 << 20);
+        println!("| {th} | {add:.1} | {copy:.1} | {:.2} |", add / copy);
+    }
+    println!();
+    println!("transformer layer (SmolLM2-135M sizes, 64 tokens, f32 weights)");
+    println!(
+        "| threads | ms per execution | heap allocations per execution | nodes on the fallback |"
+    );
+    println!("|---|---|---|---|");
+    for &th in &o.threads {
+        let cpu = CpuBackend::new(th);
+        let (t, allocs, slow) = bench_layer(&cpu, o.reps, 64);
+        println!("| {th} | {:.2} | {allocs} | {slow} |", t * 1e3);
+    }
+}
