@@ -90,7 +90,8 @@ impl FreeList {
         let pos = self.free.partition_point(|&(o, _)| o < off);
         self.free.insert(pos, (off, size));
         // merge with the next, then the previous
-        if pos + 1 < self.free.len() && self.free[pos].0 + self.free[pos].1 == self.free[pos + 1].0 {
+        if pos + 1 < self.free.len() && self.free[pos].0 + self.free[pos].1 == self.free[pos + 1].0
+        {
             self.free[pos].1 += self.free[pos + 1].1;
             self.free.remove(pos + 1);
         }
@@ -106,7 +107,9 @@ impl Plan {
     pub fn new(graph: &Graph, outputs: &[TensorId]) -> Result<Plan> {
         for &o in outputs {
             if o.index() >= graph.len() {
-                return Err(Error::Invalid(format!("plan: output {o} is not in the graph")));
+                return Err(Error::Invalid(format!(
+                    "plan: output {o} is not in the graph"
+                )));
             }
         }
         let order = graph.topo_order(outputs);
@@ -131,7 +134,11 @@ impl Plan {
             for &s in t.src.iter().chain(t.view_of.as_ref().map(|v| &v.src)) {
                 let (root, _) = graph.storage_root(s);
                 let r = root.index();
-                last_use[r] = if last_use[r] == UNREAD { p } else { last_use[r].max(p) };
+                last_use[r] = if last_use[r] == UNREAD {
+                    p
+                } else {
+                    last_use[r].max(p)
+                };
             }
         }
         for &id in &order {
@@ -144,7 +151,10 @@ impl Plan {
 
         let mut loc: Vec<Option<Loc>> = vec![None; n];
         for (i, &id) in leaves.iter().enumerate() {
-            loc[id.index()] = Some(Loc { region: Region::Leaf(i), offset: 0 });
+            loc[id.index()] = Some(Loc {
+                region: Region::Leaf(i),
+                offset: 0,
+            });
         }
         let mut fl = FreeList::default();
         let mut size_of = vec![0usize; n]; // arena bytes held by an owner
@@ -156,7 +166,10 @@ impl Plan {
                 let base = loc[v.src.index()].ok_or_else(|| {
                     Error::Invalid(format!("plan: {} reads {} before it is placed", id, v.src))
                 })?;
-                loc[id.index()] = Some(Loc { region: base.region, offset: base.offset + v.offset });
+                loc[id.index()] = Some(Loc {
+                    region: base.region,
+                    offset: base.offset + v.offset,
+                });
             } else {
                 let bytes = t.nbytes();
                 unshared += bytes.next_multiple_of(ALIGN);
@@ -166,7 +179,13 @@ impl Plan {
                     let st = graph.tensor(s0);
                     if st.view_of.is_none()
                         && last_use[s0.index()] == p
-                        && matches!(loc[s0.index()], Some(Loc { region: Region::Arena, .. }))
+                        && matches!(
+                            loc[s0.index()],
+                            Some(Loc {
+                                region: Region::Arena,
+                                ..
+                            })
+                        )
                         && st.dtype == t.dtype
                         && st.ne == t.ne
                         && st.is_contiguous()
@@ -180,7 +199,10 @@ impl Plan {
                 }
                 if !placed {
                     let off = fl.alloc(bytes);
-                    loc[id.index()] = Some(Loc { region: Region::Arena, offset: off });
+                    loc[id.index()] = Some(Loc {
+                        region: Region::Arena,
+                        offset: off,
+                    });
                     size_of[id.index()] = bytes;
                 }
             }
@@ -189,7 +211,11 @@ impl Plan {
                 let (root, _) = graph.storage_root(s);
                 let r = root.index();
                 if last_use[r] == p && size_of[r] > 0 {
-                    if let Some(Loc { region: Region::Arena, offset }) = loc[r] {
+                    if let Some(Loc {
+                        region: Region::Arena,
+                        offset,
+                    }) = loc[r]
+                    {
                         fl.release(offset, size_of[r]);
                         size_of[r] = 0;
                     }
@@ -197,7 +223,11 @@ impl Plan {
             }
             // a node nobody reads and nobody asked for is dead at once
             if last_use[id.index()] == UNREAD && size_of[id.index()] > 0 {
-                if let Some(Loc { region: Region::Arena, offset }) = loc[id.index()] {
+                if let Some(Loc {
+                    region: Region::Arena,
+                    offset,
+                }) = loc[id.index()]
+                {
                     fl.release(offset, size_of[id.index()]);
                     size_of[id.index()] = 0;
                 }
@@ -217,7 +247,10 @@ impl Plan {
     /// Index into [`Plan::leaves`] of a leaf, if this plan uses it.
     pub fn leaf_index(&self, id: TensorId) -> Option<usize> {
         match self.loc.get(id.index()).copied().flatten() {
-            Some(Loc { region: Region::Leaf(i), offset: 0 }) if self.leaves[i] == id => Some(i),
+            Some(Loc {
+                region: Region::Leaf(i),
+                offset: 0,
+            }) if self.leaves[i] == id => Some(i),
             _ => None,
         }
     }
@@ -239,7 +272,11 @@ mod tests {
         }
         let plan = Plan::new(&g, &[x]).unwrap();
         assert_eq!(plan.nodes.len(), 11);
-        assert_eq!(plan.inplace.len(), 10, "every neg takes its source's memory");
+        assert_eq!(
+            plan.inplace.len(),
+            10,
+            "every neg takes its source's memory"
+        );
         assert_eq!(plan.arena_size, 4000usize.next_multiple_of(super::ALIGN));
         assert!(plan.unshared_size >= 11 * 4000);
     }
@@ -272,7 +309,10 @@ mod tests {
             let y2 = 2.0 * a.exp();
             assert!((y2v[i] as f64 - y2).abs() < 1e-5 * y2, "y2[{i}]");
             let t3 = (y2 + a) * a - y2;
-            assert!((t3v[i] as f64 - t3).abs() < 1e-4 * (1.0 + t3.abs()), "t3[{i}]");
+            assert!(
+                (t3v[i] as f64 - t3).abs() < 1e-4 * (1.0 + t3.abs()),
+                "t3[{i}]"
+            );
         }
     }
 

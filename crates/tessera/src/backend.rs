@@ -20,8 +20,16 @@ pub struct Buffer {
 }
 
 enum Inner {
-    Owned { data: Vec<u8>, start: usize, len: usize },
-    External { data: ExternalBytes, offset: usize, len: usize },
+    Owned {
+        data: Vec<u8>,
+        start: usize,
+        len: usize,
+    },
+    External {
+        data: ExternalBytes,
+        offset: usize,
+        len: usize,
+    },
 }
 
 impl Buffer {
@@ -29,7 +37,9 @@ impl Buffer {
     pub fn zeroed(len: usize) -> Buffer {
         let data = vec![0u8; len + ALIGN];
         let start = data.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Buffer { inner: Inner::Owned { data, start, len } }
+        Buffer {
+            inner: Inner::Owned { data, start, len },
+        }
     }
 
     /// `len` bytes of `data` from `offset`, read-only.
@@ -40,7 +50,9 @@ impl Buffer {
                 "external buffer: bytes {offset}..{offset}+{len} run past its end ({total})"
             )));
         }
-        Ok(Buffer { inner: Inner::External { data, offset, len } })
+        Ok(Buffer {
+            inner: Inner::External { data, offset, len },
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -96,8 +108,16 @@ impl Buffer {
     fn raw_region(&mut self) -> RawRegion {
         let len = self.len();
         match self.bytes_mut() {
-            Some(b) => RawRegion { addr: b.as_mut_ptr() as usize, len, writable: true },
-            None => RawRegion { addr: self.bytes().as_ptr() as usize, len, writable: false },
+            Some(b) => RawRegion {
+                addr: b.as_mut_ptr() as usize,
+                len,
+                writable: true,
+            },
+            None => RawRegion {
+                addr: self.bytes().as_ptr() as usize,
+                len,
+                writable: false,
+            },
         }
     }
 }
@@ -108,7 +128,11 @@ impl Memory {
         let mut regions = Vec::with_capacity(1 + leaves.len());
         regions.push(arena.raw_region());
         regions.extend(leaves.iter_mut().map(Buffer::raw_region));
-        Memory { arena, leaves, regions }
+        Memory {
+            arena,
+            leaves,
+            regions,
+        }
     }
 
     pub fn arena(&self) -> &Buffer {
@@ -156,7 +180,12 @@ impl Memory {
     }
 
     /// Writable bytes of tensor `id`; an error for tensors in read-only (external) memory.
-    pub fn tensor_bytes_mut(&mut self, graph: &Graph, plan: &Plan, id: TensorId) -> Result<&mut [u8]> {
+    pub fn tensor_bytes_mut(
+        &mut self,
+        graph: &Graph,
+        plan: &Plan,
+        id: TensorId,
+    ) -> Result<&mut [u8]> {
         let loc = locate(plan, id)?;
         let len = graph.tensor(id).nbytes();
         let buf = match loc.region {
@@ -254,7 +283,9 @@ impl Session {
             )));
         }
         let dst = self.mem.leaves[i].bytes_mut().ok_or_else(|| {
-            Error::Invalid(format!("set_bytes: tensor {id} is bound to read-only external memory"))
+            Error::Invalid(format!(
+                "set_bytes: tensor {id} is bound to read-only external memory"
+            ))
         })?;
         dst.copy_from_slice(bytes);
         Ok(())
@@ -279,7 +310,9 @@ impl Session {
         };
         let i = self.leaf(id)?;
         let dst = self.mem.leaves[i].bytes_mut().ok_or_else(|| {
-            Error::Invalid(format!("set_f32: tensor {id} is bound to read-only external memory"))
+            Error::Invalid(format!(
+                "set_f32: tensor {id} is bound to read-only external memory"
+            ))
         })?;
         crate::reference::scatter(&t, &dense, dst)
     }
@@ -300,11 +333,18 @@ impl Session {
 
     /// Points a leaf at external read-only bytes (e.g. a tensor inside a memory-mapped GGUF
     /// file): no copy is made.
-    pub fn bind_external(&mut self, id: TensorId, data: ExternalBytes, offset: usize) -> Result<()> {
+    pub fn bind_external(
+        &mut self,
+        id: TensorId,
+        data: ExternalBytes,
+        offset: usize,
+    ) -> Result<()> {
         let i = self.leaf(id)?;
         let t = self.graph.tensor(id);
         if !is_contiguous(t.dtype, &t.ne, &t.nb) {
-            return Err(Error::Invalid(format!("bind_external: tensor {id} is not contiguous")));
+            return Err(Error::Invalid(format!(
+                "bind_external: tensor {id} is not contiguous"
+            )));
         }
         let buf = Buffer::external(data, offset, t.nbytes())?;
         self.mem.set_leaf(i, buf);

@@ -148,7 +148,12 @@ impl DType {
             IQ1M => ("iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, true),
             IQ4NL => ("iq4_nl", 32, 2 + 16, true),
             IQ4XS => ("iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, true),
-            TQ1_0 => ("tq1_0", QK_K, (QK_K - 4 * QK_K / 64) / 5 + 4 * QK_K / 64 / 4 + 2, true),
+            TQ1_0 => (
+                "tq1_0",
+                QK_K,
+                (QK_K - 4 * QK_K / 64) / 5 + 4 * QK_K / 64 / 4 + 2,
+                true,
+            ),
             TQ2_0 => ("tq2_0", QK_K, QK_K / 4 + 2, true),
             MXFP4 => ("mxfp4", 32, 1 + 16, true),
             NVFP4 => ("nvfp4", 64, 4 + 32, true),

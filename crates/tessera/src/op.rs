@@ -27,7 +27,9 @@ pub enum Op {
     // ----- views: no computation, they alias their source's memory (ops/view.rs)
     View,
     Reshape,
-    Permute { axes: [usize; 4] },
+    Permute {
+        axes: [usize; 4],
+    },
     Transpose,
 
     // ----- copies (ops/view.rs)
@@ -50,13 +52,24 @@ pub enum Op {
 
     // ----- element-wise unary (ops/unary.rs)
     /// `a*s + b`.
-    Scale { s: f32, b: f32 },
+    Scale {
+        s: f32,
+        b: f32,
+    },
     Unary(UnaryOp),
-    LeakyRelu { negative_slope: f32 },
-    Clamp { min: f32, max: f32 },
+    LeakyRelu {
+        negative_slope: f32,
+    },
+    Clamp {
+        min: f32,
+        max: f32,
+    },
 
     // ----- gated linear units (ops/glu.rs); one source (fused halves) or two (split)
-    Glu { kind: GluKind, swapped: bool },
+    Glu {
+        kind: GluKind,
+        swapped: bool,
+    },
 
     // ----- reductions and reshaping of data (ops/reduce.rs)
     Sum,
@@ -67,22 +80,44 @@ pub enum Op {
     Cumsum,
     Repeat,
     RepeatBack,
-    Concat { dim: usize },
+    Concat {
+        dim: usize,
+    },
 
     // ----- sorting (ops/sort.rs)
-    Argsort { order: SortOrder },
-    TopK { k: usize },
+    Argsort {
+        order: SortOrder,
+    },
+    TopK {
+        k: usize,
+    },
 
     // ----- normalisation (ops/norm.rs)
-    Norm { eps: f32 },
-    RmsNorm { eps: f32 },
-    L2Norm { eps: f32 },
-    GroupNorm { n_groups: usize, eps: f32 },
+    Norm {
+        eps: f32,
+    },
+    RmsNorm {
+        eps: f32,
+    },
+    L2Norm {
+        eps: f32,
+    },
+    GroupNorm {
+        n_groups: usize,
+        eps: f32,
+    },
 
     // ----- softmax and masks (ops/softmax.rs); SoftMax has an optional mask source
-    SoftMax { scale: f32, max_bias: f32 },
-    DiagMaskInf { n_past: usize },
-    DiagMaskZero { n_past: usize },
+    SoftMax {
+        scale: f32,
+        max_bias: f32,
+    },
+    DiagMaskInf {
+        n_past: usize,
+    },
+    DiagMaskZero {
+        n_past: usize,
+    },
 
     // ----- rotary embeddings (ops/rope.rs): sources a, positions (i32), optional freq factors
     Rope(RopeParams),
@@ -109,10 +144,21 @@ pub enum Op {
     Pool2d(Pool2dParams),
 
     // ----- misc (ops/misc.rs)
-    Pad { p: [usize; 4] },
-    Upscale { mode: UpscaleMode },
-    Arange { start: f32, stop: f32, step: f32 },
-    TimestepEmbedding { dim: usize, max_period: i32 },
+    Pad {
+        p: [usize; 4],
+    },
+    Upscale {
+        mode: UpscaleMode,
+    },
+    Arange {
+        start: f32,
+        stop: f32,
+        step: f32,
+    },
+    TimestepEmbedding {
+        dim: usize,
+        max_period: i32,
+    },
 }
 
 impl Op {

@@ -39,7 +39,10 @@ pub fn nrows(ne: &Ne) -> usize {
 
 /// Number of dims up to the last one that is not 1 (at least 1), like `ggml_n_dims`.
 pub fn n_dims(ne: &Ne) -> usize {
-    (1..MAX_DIMS).rev().find(|&i| ne[i] > 1).map_or(1, |i| i + 1)
+    (1..MAX_DIMS)
+        .rev()
+        .find(|&i| ne[i] > 1)
+        .map_or(1, |i| i + 1)
 }
 
 /// ggml's broadcasting rule: `b` can be repeated to `a`'s shape when every dim of `a` is a

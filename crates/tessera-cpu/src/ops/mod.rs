@@ -42,7 +42,9 @@ fn family(op: &Op) -> Family {
     match op {
         Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose => Family::Nothing,
         Op::Cont | Op::Cpy => Family::View,
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Add1 | Op::Acc(_) | Op::Set(_) => Family::Binary,
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Add1 | Op::Acc(_) | Op::Set(_) => {
+            Family::Binary
+        }
         Op::Scale { .. } | Op::Unary(_) | Op::LeakyRelu { .. } | Op::Clamp { .. } => Family::Unary,
         Op::Glu { .. } => Family::Glu,
         Op::Sum
@@ -54,7 +56,9 @@ fn family(op: &Op) -> Family {
         | Op::Repeat
         | Op::RepeatBack
         | Op::Concat { .. } => Family::Reduce,
-        Op::Norm { .. } | Op::RmsNorm { .. } | Op::L2Norm { .. } | Op::GroupNorm { .. } => Family::Norm,
+        Op::Norm { .. } | Op::RmsNorm { .. } | Op::L2Norm { .. } | Op::GroupNorm { .. } => {
+            Family::Norm
+        }
         Op::SoftMax { .. } | Op::DiagMaskInf { .. } | Op::DiagMaskZero { .. } => Family::SoftMax,
         Op::Rope(_) => Family::Rope,
         Op::GetRows | Op::SetRows => Family::Rows,

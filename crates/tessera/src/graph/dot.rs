@@ -10,10 +10,15 @@ impl Graph {
     /// A `dot` description of everything `outputs` needs: leaves as boxes (params bold, inputs
     /// green), op nodes as ellipses labelled with op, type and shape; views dashed.
     pub fn to_dot(&self, outputs: &[TensorId]) -> String {
-        let mut s = String::from("digraph tessera {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
+        let mut s =
+            String::from("digraph tessera {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
         for id in self.topo_order(outputs) {
             let t = self.tensor(id);
-            let name = if t.name.is_empty() { String::new() } else { format!("{}\\n", escape(&t.name)) };
+            let name = if t.name.is_empty() {
+                String::new()
+            } else {
+                format!("{}\\n", escape(&t.name))
+            };
             let label = format!("{}{} {} {}", name, t.op, t.dtype, fmt_ne(&t.ne));
             let mut attrs = vec![format!("label=\"{label}\"")];
             if t.op == Op::Leaf {

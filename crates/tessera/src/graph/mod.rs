@@ -198,13 +198,24 @@ impl Graph {
         const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
         src.iter()
             .enumerate()
-            .map(|(i, &s)| format!("{}: {}", NAMES.get(i).unwrap_or(&"x"), self.tensor(s).describe()))
+            .map(|(i, &s)| {
+                format!(
+                    "{}: {}",
+                    NAMES.get(i).unwrap_or(&"x"),
+                    self.tensor(s).describe()
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }
 
     /// A shape/type error from builder `op` on inputs `src`.
-    pub(crate) fn shape_err(&self, op: &'static str, msg: impl Into<String>, src: &[TensorId]) -> Error {
+    pub(crate) fn shape_err(
+        &self,
+        op: &'static str,
+        msg: impl Into<String>,
+        src: &[TensorId],
+    ) -> Error {
         Error::Shape {
             op,
             msg: msg.into(),
@@ -240,7 +251,12 @@ impl Graph {
                 let names: Vec<&str> = ok.iter().map(|d| d.name()).collect();
                 return Err(self.shape_err(
                     op,
-                    format!("input {} has type {}, expected one of {}", i, t, names.join("/")),
+                    format!(
+                        "input {} has type {}, expected one of {}",
+                        i,
+                        t,
+                        names.join("/")
+                    ),
                     src,
                 ));
             }

@@ -3,7 +3,7 @@
 //! or write it over, a region of `a` given by strides and a byte offset.
 
 use crate::error::Result;
-use crate::graph::{Graph, FLOATS, F32_ONLY};
+use crate::graph::{Graph, F32_ONLY, FLOATS};
 use crate::op::{Op, RegionParams};
 use crate::reference::{Dense, NodeRef};
 use crate::shape::{can_repeat, fmt_ne};
@@ -17,7 +17,11 @@ impl Graph {
         if !can_repeat(&bne, &ane) {
             return Err(self.shape_err(
                 name,
-                format!("b {} cannot be broadcast to a {} (each dim of a must be a multiple of b's)", fmt_ne(&bne), fmt_ne(&ane)),
+                format!(
+                    "b {} cannot be broadcast to a {} (each dim of a must be a multiple of b's)",
+                    fmt_ne(&bne),
+                    fmt_ne(&ane)
+                ),
                 &[a, b],
             ));
         }
@@ -62,8 +66,18 @@ impl Graph {
         let bt = self.tensor(b).clone();
         let at = self.tensor(a).clone();
         if bt.nelements() > 0 {
-            let last = r.offset + 4 * (bt.ne[0] - 1) + r.nb1 * (bt.ne[1] - 1) + r.nb2 * (bt.ne[2] - 1) + r.nb3 * (bt.ne[3] - 1) + 4;
-            if r.offset % 4 != 0 || r.nb1 % 4 != 0 || r.nb2 % 4 != 0 || r.nb3 % 4 != 0 || last > at.nbytes() {
+            let last = r.offset
+                + 4 * (bt.ne[0] - 1)
+                + r.nb1 * (bt.ne[1] - 1)
+                + r.nb2 * (bt.ne[2] - 1)
+                + r.nb3 * (bt.ne[3] - 1)
+                + 4;
+            if r.offset % 4 != 0
+                || r.nb1 % 4 != 0
+                || r.nb2 % 4 != 0
+                || r.nb3 % 4 != 0
+                || last > at.nbytes()
+            {
                 return Err(self.shape_err(
                     name,
                     format!(
@@ -78,13 +92,59 @@ impl Graph {
     }
 
     /// `a` with `b` added into the region of `a` at byte `offset` with strides `nb1..nb3`.
-    pub fn acc(&mut self, a: TensorId, b: TensorId, nb1: usize, nb2: usize, nb3: usize, offset: usize) -> Result<TensorId> {
-        self.region(Op::Acc(RegionParams { nb1, nb2, nb3, offset }), a, b, RegionParams { nb1, nb2, nb3, offset })
+    pub fn acc(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        nb1: usize,
+        nb2: usize,
+        nb3: usize,
+        offset: usize,
+    ) -> Result<TensorId> {
+        self.region(
+            Op::Acc(RegionParams {
+                nb1,
+                nb2,
+                nb3,
+                offset,
+            }),
+            a,
+            b,
+            RegionParams {
+                nb1,
+                nb2,
+                nb3,
+                offset,
+            },
+        )
     }
 
     /// `a` with the region at byte `offset` with strides `nb1..nb3` replaced by `b`.
-    pub fn set(&mut self, a: TensorId, b: TensorId, nb1: usize, nb2: usize, nb3: usize, offset: usize) -> Result<TensorId> {
-        self.region(Op::Set(RegionParams { nb1, nb2, nb3, offset }), a, b, RegionParams { nb1, nb2, nb3, offset })
+    pub fn set(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        nb1: usize,
+        nb2: usize,
+        nb3: usize,
+        offset: usize,
+    ) -> Result<TensorId> {
+        self.region(
+            Op::Set(RegionParams {
+                nb1,
+                nb2,
+                nb3,
+                offset,
+            }),
+            a,
+            b,
+            RegionParams {
+                nb1,
+                nb2,
+                nb3,
+                offset,
+            },
+        )
     }
 }
 
@@ -101,7 +161,12 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         Op::Sub => |x, y| x - y,
         Op::Mul => |x, y| x * y,
         Op::Div => |x, y| x / y,
-        Op::Add1 => return Ok(Dense { ne: a.ne, data: a.data.iter().map(|x| x + b.data[0]).collect() }),
+        Op::Add1 => {
+            return Ok(Dense {
+                ne: a.ne,
+                data: a.data.iter().map(|x| x + b.data[0]).collect(),
+            })
+        }
         Op::Acc(r) | Op::Set(r) => {
             let mut out = a.clone();
             let acc = matches!(n.t.op, Op::Acc(_));
@@ -114,7 +179,9 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         }
         _ => return Err(n.err("not a binary op")),
     };
-    Ok(Dense::from_fn(a.ne, |i0, i1, i2, i3| f(a.at(i0, i1, i2, i3), bcast(b, i0, i1, i2, i3))))
+    Ok(Dense::from_fn(a.ne, |i0, i1, i2, i3| {
+        f(a.at(i0, i1, i2, i3), bcast(b, i0, i1, i2, i3))
+    }))
 }
 
 #[cfg(test)]
@@ -160,7 +227,10 @@ mod tests {
         let b = g.new_tensor(DType::F16, &[3]).unwrap();
         let e = g.sub(a, b).unwrap_err().to_string();
         assert!(e.starts_with("sub:"), "{e}");
-        assert!(e.contains("f32 [4, 3, 1, 1]") && e.contains("f16 [3, 1, 1, 1]"), "{e}");
+        assert!(
+            e.contains("f32 [4, 3, 1, 1]") && e.contains("f16 [3, 1, 1, 1]"),
+            "{e}"
+        );
         let i = g.new_tensor(DType::I32, &[4, 3]).unwrap();
         let e = g.add(a, i).unwrap_err().to_string();
         assert!(e.contains("type i32"), "{e}");
@@ -183,7 +253,10 @@ mod tests {
             want[k] = v;
         }
         assert_eq!(s.get_f32(set).unwrap(), want);
-        let want_acc: Vec<f32> = want.iter().map(|&v| if v == 1.0 { 1.0 } else { v + 1.0 }).collect();
+        let want_acc: Vec<f32> = want
+            .iter()
+            .map(|&v| if v == 1.0 { 1.0 } else { v + 1.0 })
+            .collect();
         assert_eq!(s.get_f32(acc).unwrap(), want_acc);
     }
 }

@@ -283,14 +283,16 @@ impl Graph {
         let ne = self.ne(a);
         let (ow, oh) = match (pool_out(ne[0], k0, s0, p0), pool_out(ne[1], k1, s1, p1)) {
             (Some(w), Some(h)) => (w, h),
-            _ => return Err(self.shape_err(
-                OP,
-                format!(
+            _ => {
+                return Err(self.shape_err(
+                    OP,
+                    format!(
                     "input {} with padding ({p0}, {p1}) is smaller than the window ({k0}, {k1})",
                     fmt_ne(&ne)
                 ),
-                &[a],
-            )),
+                    &[a],
+                ))
+            }
         };
         let params = Pool2dParams {
             kind,

@@ -127,7 +127,9 @@ impl UnaryOp {
                 }
             }
             UnaryOp::Sigmoid => sigmoid(x),
-            UnaryOp::Gelu => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh()),
+            UnaryOp::Gelu => {
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+            }
             UnaryOp::GeluErf => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
             UnaryOp::GeluQuick => x * sigmoid(1.702 * x),
             UnaryOp::Silu => x * sigmoid(x),
@@ -212,7 +214,11 @@ impl Graph {
     /// `min(max(x, min), max)`.
     pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId> {
         if min.is_nan() || max.is_nan() || min > max {
-            return Err(self.shape_err("clamp", format!("min {min} must not exceed max {max}"), &[a]));
+            return Err(self.shape_err(
+                "clamp",
+                format!("min {min} must not exceed max {max}"),
+                &[a],
+            ));
         }
         self.unary_node(Op::Clamp { min, max }, a)
     }
@@ -257,7 +263,9 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     let f: Box<dyn Fn(f64) -> f64> = match n.t.op {
         Op::Scale { s, b } => Box::new(move |x| x * s as f64 + b as f64),
         Op::Unary(u) => Box::new(move |x| u.eval(x)),
-        Op::LeakyRelu { negative_slope } => Box::new(move |x| x.max(0.0) + negative_slope as f64 * x.min(0.0)),
+        Op::LeakyRelu { negative_slope } => {
+            Box::new(move |x| x.max(0.0) + negative_slope as f64 * x.min(0.0))
+        }
         Op::Clamp { min, max } => Box::new(move |x| {
             if x < min as f64 {
                 min as f64
@@ -269,7 +277,10 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         }),
         _ => return Err(n.err("not a unary op")),
     };
-    Ok(Dense { ne: a.ne, data: a.data.iter().map(|&x| f(x)).collect() })
+    Ok(Dense {
+        ne: a.ne,
+        data: a.data.iter().map(|&x| f(x)).collect(),
+    })
 }
 
 #[cfg(test)]
@@ -290,7 +301,11 @@ mod tests {
             (3.0, 0.999_977_909_503_001_4),
             (-1.0, -0.842_700_792_949_714_9),
         ] {
-            assert!((erf(x) - want).abs() < 1e-14, "erf({x}) = {} want {want}", erf(x));
+            assert!(
+                (erf(x) - want).abs() < 1e-14,
+                "erf({x}) = {} want {want}",
+                erf(x)
+            );
         }
     }
 
@@ -299,15 +314,29 @@ mod tests {
         let x = [-2.0f64, -0.5, 0.0, 0.5, 3.0];
         let check = |u: UnaryOp, want: [f64; 5]| {
             for (xi, w) in x.iter().zip(want) {
-                assert!((u.eval(*xi) - w).abs() < 1e-12, "{} ({xi}) = {} want {w}", u.name(), u.eval(*xi));
+                assert!(
+                    (u.eval(*xi) - w).abs() < 1e-12,
+                    "{} ({xi}) = {} want {w}",
+                    u.name(),
+                    u.eval(*xi)
+                );
             }
         };
         check(UnaryOp::Relu, [0.0, 0.0, 0.0, 0.5, 3.0]);
         check(UnaryOp::Sgn, [-1.0, -1.0, 0.0, 1.0, 1.0]);
         check(UnaryOp::Step, [0.0, 0.0, 0.0, 1.0, 1.0]);
-        check(UnaryOp::Hardsigmoid, [1.0 / 6.0, 2.5 / 6.0, 0.5, 3.5 / 6.0, 1.0]);
-        check(UnaryOp::Hardswish, [-2.0 / 6.0, -0.5 * 2.5 / 6.0, 0.0, 0.5 * 3.5 / 6.0, 3.0]);
-        check(UnaryOp::Elu, [(-2.0f64).exp_m1(), (-0.5f64).exp_m1(), 0.0, 0.5, 3.0]);
+        check(
+            UnaryOp::Hardsigmoid,
+            [1.0 / 6.0, 2.5 / 6.0, 0.5, 3.5 / 6.0, 1.0],
+        );
+        check(
+            UnaryOp::Hardswish,
+            [-2.0 / 6.0, -0.5 * 2.5 / 6.0, 0.0, 0.5 * 3.5 / 6.0, 3.0],
+        );
+        check(
+            UnaryOp::Elu,
+            [(-2.0f64).exp_m1(), (-0.5f64).exp_m1(), 0.0, 0.5, 3.0],
+        );
         check(UnaryOp::Sqr, [4.0, 0.25, 0.0, 0.25, 9.0]);
         check(UnaryOp::Silu, x.map(|v| v / (1.0 + (-v).exp())));
     }

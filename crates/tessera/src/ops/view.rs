@@ -7,7 +7,9 @@ use crate::error::Result;
 use crate::graph::Graph;
 use crate::op::Op;
 use crate::reference::{Dense, NodeRef};
-use crate::shape::{contiguous_nb, fmt_ne, is_contiguous, nbytes, ne_from, nelements, Nb, MAX_DIMS};
+use crate::shape::{
+    contiguous_nb, fmt_ne, is_contiguous, nbytes, ne_from, nelements, Nb, MAX_DIMS,
+};
 use crate::tensor::TensorId;
 use crate::DType;
 
@@ -15,14 +17,24 @@ impl Graph {
     /// A view of `a` with shape `ne` (1 to 4 dims), byte strides `nb[1..]` (`nb[0]` is the type
     /// size) and a byte offset, like ggml's `ggml_view_{1,2,3,4}d`. The view must lie inside
     /// the memory of `a`'s storage.
-    pub fn view(&mut self, a: TensorId, ne: &[usize], nb_rest: &[usize], offset: usize) -> Result<TensorId> {
+    pub fn view(
+        &mut self,
+        a: TensorId,
+        ne: &[usize],
+        nb_rest: &[usize],
+        offset: usize,
+    ) -> Result<TensorId> {
         const OP: &str = "view";
         self.check_id(OP, a)?;
         let at = self.tensor(a).clone();
         if ne.is_empty() || ne.len() > MAX_DIMS || nb_rest.len() + 1 != ne.len() {
             return Err(self.shape_err(
                 OP,
-                format!("{} dims and {} strides given; want 1-4 dims and one stride fewer", ne.len(), nb_rest.len()),
+                format!(
+                    "{} dims and {} strides given; want 1-4 dims and one stride fewer",
+                    ne.len(),
+                    nb_rest.len()
+                ),
                 &[a],
             ));
         }
@@ -30,7 +42,11 @@ impl Graph {
         if ne4[0] % at.dtype.block_size() != 0 {
             return Err(self.shape_err(
                 OP,
-                format!("row length {} is not a multiple of the block size {}", ne4[0], at.dtype.block_size()),
+                format!(
+                    "row length {} is not a multiple of the block size {}",
+                    ne4[0],
+                    at.dtype.block_size()
+                ),
                 &[a],
             ));
         }
@@ -60,13 +76,22 @@ impl Graph {
         self.check_id(OP, a)?;
         let at = self.tensor(a).clone();
         if ne.is_empty() || ne.len() > MAX_DIMS {
-            return Err(self.shape_err(OP, format!("{} dims given, 1 to 4 allowed", ne.len()), &[a]));
+            return Err(self.shape_err(
+                OP,
+                format!("{} dims given, 1 to 4 allowed", ne.len()),
+                &[a],
+            ));
         }
         let ne4 = ne_from(ne);
         if nelements(&ne4) != at.nelements() {
             return Err(self.shape_err(
                 OP,
-                format!("new shape {} has {} elements, the input {}", fmt_ne(&ne4), nelements(&ne4), at.nelements()),
+                format!(
+                    "new shape {} has {} elements, the input {}",
+                    fmt_ne(&ne4),
+                    nelements(&ne4),
+                    at.nelements()
+                ),
                 &[a],
             ));
         }
@@ -74,7 +99,11 @@ impl Graph {
             return Err(self.shape_err(OP, "input is not contiguous (use cont first)", &[a]));
         }
         if ne4[0] % at.dtype.block_size() != 0 {
-            return Err(self.shape_err(OP, format!("row length {} is not a multiple of the block size", ne4[0]), &[a]));
+            return Err(self.shape_err(
+                OP,
+                format!("row length {} is not a multiple of the block size", ne4[0]),
+                &[a],
+            ));
         }
         let nb = contiguous_nb(at.dtype, &ne4);
         Ok(self.aliasing_node(Op::Reshape, at.dtype, ne4, nb, &[a], a, 0))
@@ -87,7 +116,11 @@ impl Graph {
         let mut seen = [false; 4];
         for &x in &axes {
             if x >= 4 || seen[x] {
-                return Err(self.shape_err(OP, format!("axes {axes:?} are not a permutation of 0..4"), &[a]));
+                return Err(self.shape_err(
+                    OP,
+                    format!("axes {axes:?} are not a permutation of 0..4"),
+                    &[a],
+                ));
             }
             seen[x] = true;
         }
@@ -132,7 +165,12 @@ impl Graph {
         if at.ne[0] % dtype.block_size() != 0 {
             return Err(self.shape_err(
                 OP,
-                format!("row length {} is not a multiple of {}'s block size {}", at.ne[0], dtype, dtype.block_size()),
+                format!(
+                    "row length {} is not a multiple of {}'s block size {}",
+                    at.ne[0],
+                    dtype,
+                    dtype.block_size()
+                ),
                 &[a],
             ));
         }
@@ -149,12 +187,20 @@ impl Graph {
         if at.nelements() != bt.nelements() {
             return Err(self.shape_err(
                 OP,
-                format!("{} elements cannot be copied into {}", at.nelements(), bt.nelements()),
+                format!(
+                    "{} elements cannot be copied into {}",
+                    at.nelements(),
+                    bt.nelements()
+                ),
                 &[a, b],
             ));
         }
         if bt.dtype.is_quantized() && !crate::shape::rows_contiguous(bt.dtype, &bt.ne, &bt.nb) {
-            return Err(self.shape_err(OP, "a quantized destination needs contiguous rows", &[a, b]));
+            return Err(self.shape_err(
+                OP,
+                "a quantized destination needs contiguous rows",
+                &[a, b],
+            ));
         }
         Ok(self.aliasing_node(Op::Cpy, bt.dtype, bt.ne, bt.nb, &[a, b], b, 0))
     }
@@ -170,7 +216,10 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     match n.t.op {
         // Both copy the logical sequence of values; the destination's type and strides are
         // applied when the result is scattered.
-        Op::Cont | Op::Cpy => Ok(Dense { ne: n.t.ne, data: src[0].data.clone() }),
+        Op::Cont | Op::Cpy => Ok(Dense {
+            ne: n.t.ne,
+            data: src[0].data.clone(),
+        }),
         _ => Err(n.err("not a copy op")),
     }
 }
@@ -230,7 +279,11 @@ mod tests {
         let e = g.reshape(a, &[5, 2]).unwrap_err().to_string();
         assert!(e.contains("reshape") && e.contains("10 elements"), "{e}");
         let t = g.transpose(a).unwrap();
-        assert!(g.reshape(t, &[12]).unwrap_err().to_string().contains("not contiguous"));
+        assert!(g
+            .reshape(t, &[12])
+            .unwrap_err()
+            .to_string()
+            .contains("not contiguous"));
         assert!(g.permute(a, [0, 0, 1, 2]).is_err());
     }
 }

@@ -23,11 +23,17 @@ pub struct Dense {
 
 impl Dense {
     pub fn zeros(ne: Ne) -> Dense {
-        Dense { ne, data: vec![0.0; nelements(&ne)] }
+        Dense {
+            ne,
+            data: vec![0.0; nelements(&ne)],
+        }
     }
 
     pub fn filled(ne: Ne, v: f64) -> Dense {
-        Dense { ne, data: vec![v; nelements(&ne)] }
+        Dense {
+            ne,
+            data: vec![v; nelements(&ne)],
+        }
     }
 
     #[inline]
@@ -97,8 +103,12 @@ fn write_scalar(dtype: DType, v: f64, b: &mut [u8]) {
     match dtype {
         DType::F32 => b[..4].copy_from_slice(&(v as f32).to_le_bytes()),
         // ggml converts f32 -> f16/bf16 with round-to-nearest-even; go through f32 like it does.
-        DType::F16 => b[..2].copy_from_slice(&half::f16::from_f32(v as f32).to_bits().to_le_bytes()),
-        DType::BF16 => b[..2].copy_from_slice(&half::bf16::from_f32(v as f32).to_bits().to_le_bytes()),
+        DType::F16 => {
+            b[..2].copy_from_slice(&half::f16::from_f32(v as f32).to_bits().to_le_bytes())
+        }
+        DType::BF16 => {
+            b[..2].copy_from_slice(&half::bf16::from_f32(v as f32).to_bits().to_le_bytes())
+        }
         DType::F64 => b[..8].copy_from_slice(&v.to_le_bytes()),
         DType::I8 => b[0] = v as i8 as u8,
         DType::I16 => b[..2].copy_from_slice(&(v as i16).to_le_bytes()),
@@ -141,8 +151,12 @@ pub fn gather(t: &Tensor, bytes: &[u8]) -> Result<Dense> {
             for i2 in 0..ne[2] {
                 for i1 in 0..ne[1] {
                     let o = i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
-                    tessera_quants::dequantize_row(t.dtype.id(), &bytes[o..o + row_bytes], &mut row)
-                        .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+                    tessera_quants::dequantize_row(
+                        t.dtype.id(),
+                        &bytes[o..o + row_bytes],
+                        &mut row,
+                    )
+                    .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
                     data.extend(row.iter().map(|&v| v as f64));
                 }
             }
@@ -182,8 +196,13 @@ pub fn scatter(t: &Tensor, d: &Dense, bytes: &mut [u8]) -> Result<()> {
                     }
                     r += 1;
                     let o = i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
-                    tessera_quants::quantize_row(t.dtype.id(), &row, &mut bytes[o..o + row_bytes], None)
-                        .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+                    tessera_quants::quantize_row(
+                        t.dtype.id(),
+                        &row,
+                        &mut bytes[o..o + row_bytes],
+                        None,
+                    )
+                    .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
                 }
             }
         }
@@ -309,7 +328,10 @@ impl Backend for ReferenceBackend {
 /// Values of contiguous data of `dtype` and shape `dims` (1 to 4 dims) as f64 in logical order.
 pub fn decode(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f64>> {
     if dims.is_empty() || dims.len() > 4 {
-        return Err(Error::Invalid(format!("decode: {} dims given, 1 to 4 allowed", dims.len())));
+        return Err(Error::Invalid(format!(
+            "decode: {} dims given, 1 to 4 allowed",
+            dims.len()
+        )));
     }
     let ne = crate::shape::ne_from(dims);
     if ne[0] % dtype.block_size() != 0 {
