@@ -23,9 +23,11 @@ pub const MR: usize = 6;
 pub const NR: usize = 16;
 /// Depth of a packed block.
 pub const KC: usize = 256;
-/// Rows of `a` per packed block (a multiple of `NR`).
-pub const MC: usize = 128;
-/// Columns of `b` per packed block (a multiple of `MR`).
+/// Most rows of `a` a thread packs at once (a multiple of `NR`): the packed block (1 MiB at
+/// `KC` = 256) lives in L2/L3 and is reused for every column block of `b`.
+pub const MC: usize = 1024;
+/// Columns of `b` per packed block (a multiple of `MR`): 192 KiB, fits L2 next to the
+/// streaming panels of `a`.
 pub const NC: usize = 192;
 /// Up to this many columns of `b` use the mat-vec path.
 pub const MV_MAX_N: usize = 4;
@@ -196,6 +198,32 @@ unsafe fn dot_rows(
     }
 }
 
+/// How the GEMM splits its work: output tiles of `mchunk` rows of `a` × `nsplit` column ranges
+/// of `b`, for every broadcast batch.
+struct Split {
+    mchunk: usize,
+    mchunks: usize,
+    nsplit: usize,
+}
+
+fn split_work(m: usize, n: usize, batches: usize, nth: usize) -> Split {
+    // rows of a per chunk: at most MC, and small enough that every thread gets one
+    let per_thread = m.div_ceil(nth).next_multiple_of(NR);
+    let mchunk = per_thread.clamp(NR, MC);
+    let mchunks = m.div_ceil(mchunk);
+    // when batches × chunks leave threads idle, split the columns of b too
+    let nsplit = if batches * mchunks >= nth {
+        1
+    } else {
+        nth.div_ceil(batches * mchunks).min(n.div_ceil(MR)).max(1)
+    };
+    Split {
+        mchunk,
+        mchunks,
+        nsplit,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     ctx: &NodeCtx,
@@ -207,10 +235,9 @@ fn gemm(
     (k, m, n): (usize, usize, usize),
     (r2, r3): (usize, usize),
 ) -> Result<()> {
-    let mblocks = m.div_ceil(MC);
-    let nblocks = n.div_ceil(NC);
     let batches = b.ne[2] * b.ne[3];
-    let jobs = batches * mblocks * nblocks;
+    let sp = split_work(m, n, batches, ctx.nth);
+    let jobs = batches * sp.mchunks * sp.nsplit;
     let per = work_per_thread();
     // SAFETY: each thread owns bytes [off + ith*per, off + (ith+1)*per) of the work buffer
     // (`compute` checked its size); the buffer is 64-byte aligned and `per` a multiple of 64.
@@ -221,16 +248,18 @@ fn gemm(
             std::slice::from_raw_parts_mut(base.add(MC * KC), NC * KC),
         )
     };
+    let mut row = [0f32; KC];
     for job in ctx.share(jobs) {
-        let nb_i = job % nblocks;
-        let mb_i = (job / nblocks) % mblocks;
-        let bi = job / (nblocks * mblocks);
+        let ns_i = job % sp.nsplit;
+        let mc_i = (job / sp.nsplit) % sp.mchunks;
+        let bi = job / (sp.nsplit * sp.mchunks);
         let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
         let a_base = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
         let b_base = i2 * b.nb[2] + i3 * b.nb[3];
         let d_base = i2 * d.nb[2] + i3 * d.nb[3];
-        let (m0, m1) = (mb_i * MC, ((mb_i + 1) * MC).min(m));
-        let (n0, n1) = (nb_i * NC, ((nb_i + 1) * NC).min(n));
+        let (m0, m1) = (mc_i * sp.mchunk, ((mc_i + 1) * sp.mchunk).min(m));
+        let ncols = n.div_ceil(sp.nsplit).next_multiple_of(MR);
+        let (nj0, nj1) = ((ns_i * ncols).min(n), ((ns_i + 1) * ncols).min(n));
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
@@ -242,15 +271,11 @@ fn gemm(
                     if im < m1 {
                         // SAFETY: row `im` of `a` in this batch has `k` elements at stride nb0.
                         unsafe {
-                            let row = ctx.src[0].add(a_base + im * a.nb[1]);
-                            for kk in 0..kc {
-                                let e = if a.nb[0] == a.dtype.type_size() {
-                                    load_f(a.dtype, row, k0 + kk)
-                                } else {
-                                    load_f(a.dtype, row.add((k0 + kk) * a.nb[0]), 0)
-                                };
-                                panel[kk * NR + r] = e;
-                            }
+                            let src = ctx.src[0].add(a_base + im * a.nb[1]);
+                            load_row(ctx.isa, a.dtype, src, a.nb[0], k0, &mut row[..kc]);
+                        }
+                        for (kk, &v) in row[..kc].iter().enumerate() {
+                            panel[kk * NR + r] = v;
                         }
                     } else {
                         for kk in 0..kc {
@@ -259,46 +284,87 @@ fn gemm(
                     }
                 }
             }
-            // pack b[n0..n1, k0..k0+kc] into panels of MR columns
-            for (q, nq) in (n0..n1).step_by(MR).enumerate() {
-                let panel = &mut bp[q * MR * kc..(q + 1) * MR * kc];
-                for r in 0..MR {
-                    let jn = nq + r;
-                    if jn < n1 {
-                        // SAFETY: column `jn` of `b` in this batch has `k` f32 at stride nb0.
-                        unsafe {
-                            let col = bsrc.add(b_base + jn * b.nb[1]);
+            let accumulate = k0 > 0;
+            let mut n0 = nj0;
+            while n0 < nj1 {
+                let n1 = (n0 + NC).min(nj1);
+                // pack b[n0..n1, k0..k0+kc] into panels of MR columns
+                for (q, nq) in (n0..n1).step_by(MR).enumerate() {
+                    let panel = &mut bp[q * MR * kc..(q + 1) * MR * kc];
+                    for r in 0..MR {
+                        let jn = nq + r;
+                        if jn < n1 {
+                            // SAFETY: column `jn` of `b` in this batch has `k` f32 at stride nb0.
+                            unsafe {
+                                let col = bsrc.add(b_base + jn * b.nb[1]);
+                                load_row(ctx.isa, DType::F32, col, b.nb[0], k0, &mut row[..kc]);
+                            }
+                            for (kk, &v) in row[..kc].iter().enumerate() {
+                                panel[kk * MR + r] = v;
+                            }
+                        } else {
                             for kk in 0..kc {
-                                panel[kk * MR + r] = *(col.add((k0 + kk) * b.nb[0]) as *const f32);
+                                panel[kk * MR + r] = 0.0;
                             }
                         }
-                    } else {
-                        for kk in 0..kc {
-                            panel[kk * MR + r] = 0.0;
+                    }
+                }
+                for (p, mp) in (m0..m1).step_by(NR).enumerate() {
+                    let apanel = &ap[p * NR * kc..(p + 1) * NR * kc];
+                    let cols = NR.min(m1 - mp);
+                    for (q, nq) in (n0..n1).step_by(MR).enumerate() {
+                        let bpanel = &bp[q * MR * kc..(q + 1) * MR * kc];
+                        let rows = MR.min(n1 - nq);
+                        // SAFETY: the tile dst[nq..nq+rows, mp..mp+cols] lies inside `dst` and
+                        // belongs to this job alone.
+                        unsafe {
+                            let c = ctx.dst.add(d_base + nq * d.nb[1] + mp * 4) as *mut f32;
+                            let ldc = d.nb[1] / 4;
+                            micro_kernel(
+                                ctx.isa, kc, apanel, bpanel, c, ldc, rows, cols, accumulate,
+                            );
                         }
                     }
                 }
-            }
-            let accumulate = k0 > 0;
-            for (p, mp) in (m0..m1).step_by(NR).enumerate() {
-                let apanel = &ap[p * NR * kc..(p + 1) * NR * kc];
-                let cols = NR.min(m1 - mp);
-                for (q, nq) in (n0..n1).step_by(MR).enumerate() {
-                    let bpanel = &bp[q * MR * kc..(q + 1) * MR * kc];
-                    let rows = MR.min(n1 - nq);
-                    // SAFETY: the tile dst[nq..nq+rows, mp..mp+cols] lies inside `dst` and
-                    // belongs to this job alone.
-                    unsafe {
-                        let c = ctx.dst.add(d_base + nq * d.nb[1] + mp * 4) as *mut f32;
-                        let ldc = d.nb[1] / 4;
-                        micro_kernel(ctx.isa, kc, apanel, bpanel, c, ldc, rows, cols, accumulate);
-                    }
-                }
+                n0 = n1;
             }
             k0 += kc;
         }
     }
     Ok(())
+}
+
+/// Reads `out.len()` elements starting at element `k0` of a row of `dtype` with element stride
+/// `stride` bytes, as f32 (F16C for dense f16 rows).
+///
+/// # Safety
+/// The row holds at least `k0 + out.len()` elements at that stride.
+unsafe fn load_row(
+    isa: Isa,
+    dtype: DType,
+    row: *const u8,
+    stride: usize,
+    k0: usize,
+    out: &mut [f32],
+) {
+    let dense = stride == dtype.type_size();
+    #[cfg(target_arch = "x86_64")]
+    if dense && isa >= Isa::Avx2 && isa != Isa::Neon && dtype != DType::F32 {
+        // SAFETY: the caller's guarantee; Avx2 implies F16C.
+        unsafe { avx2::convert_row(dtype, row, k0, out) };
+        return;
+    }
+    let _ = isa;
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        if dense && dtype == DType::F32 {
+            std::ptr::copy_nonoverlapping((row as *const f32).add(k0), out.as_mut_ptr(), out.len());
+        } else {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = load_f(dtype, row.add((k0 + i) * stride), 0);
+            }
+        }
+    }
 }
 
 /// `C[r][j] (+)= Σ_k bp[k][r] · ap[k][j]` for an `MR × NR` tile, of which `rows × cols` are kept.
@@ -378,6 +444,22 @@ mod avx2 {
                     let h = _mm_loadu_si128((a as *const u16).add(i) as *const __m128i);
                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
                 }
+            }
+        }
+    }
+
+    /// Converts `out.len()` f16/bf16 elements from element `k0` of a dense row.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn convert_row(dtype: DType, row: *const u8, k0: usize, out: &mut [f32]) {
+        // SAFETY: the row holds k0 + out.len() elements (caller's contract).
+        unsafe {
+            let mut i = 0;
+            while i + 8 <= out.len() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), load8(dtype, row, k0 + i));
+                i += 8;
+            }
+            for (j, o) in out.iter_mut().enumerate().skip(i) {
+                *o = super::load_f(dtype, row, k0 + j);
             }
         }
     }
