@@ -189,7 +189,112 @@ pub fn execute(
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::*;
+    use tessera::{Memory, Session};
+
+    fn chain(n: usize) -> (Session, TensorId, TensorId) {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[8]).unwrap();
+        let mut x = a;
+        for _ in 0..n {
+            x = g.scale(x, 2.0).unwrap();
+        }
+        let s = Session::new(g, &[x]).unwrap();
+        (s, a, x)
+    }
+
+    /// Runs `kernel` over a session's plan on `pool`, the way the backend does.
+    fn run_with(
+        s: &mut Session,
+        pool: &ThreadPool,
+        kernel: fn(&NodeCtx) -> Result<()>,
+    ) -> Result<()> {
+        let (graph, plan) = (s.graph().clone(), s.plan().clone());
+        let mem = s.memory_mut();
+        execute(
+            &graph,
+            &plan,
+            mem.regions(),
+            pool,
+            Isa::Scalar,
+            0,
+            0,
+            kernel,
+        )
+    }
+
+    fn panic_on_third(ctx: &NodeCtx) -> Result<()> {
+        if ctx.id.0 == 3 && ctx.ith == ctx.nth - 1 {
+            panic!("deliberate failure");
+        }
+        Ok(())
+    }
+
+    fn fail_on_second(ctx: &NodeCtx) -> Result<()> {
+        if ctx.id.0 == 2 {
+            return Err(ctx.err("deliberate error"));
+        }
+        Ok(())
+    }
+
+    fn nothing(_: &NodeCtx) -> Result<()> {
+        Ok(())
+    }
+
+    #[test]
+    fn a_panicking_kernel_is_an_error_naming_the_node_and_the_pool_survives() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            let (mut s, _, _) = chain(5);
+            let e = run_with(&mut s, &pool, panic_on_third)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("#3") && e.contains("scale") && e.contains("deliberate failure"),
+                "{e}"
+            );
+            let e = run_with(&mut s, &pool, fail_on_second)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("#2") && e.contains("deliberate error"), "{e}");
+            run_with(&mut s, &pool, nothing).unwrap();
+        }
+    }
+
+    #[test]
+    fn empty_and_single_node_graphs_run() {
+        let pool = ThreadPool::new(2);
+        let (mut s, _, _) = chain(0); // the output is the leaf itself: no nodes
+        assert!(s.plan().nodes.is_empty());
+        run_with(&mut s, &pool, nothing).unwrap();
+        let (mut s, a, x) = chain(1);
+        let cpu = crate::CpuBackend::new(2);
+        s.set_f32(a, &[1.0; 8]).unwrap();
+        s.compute(&cpu).unwrap();
+        assert_eq!(s.get_f32(x).unwrap(), vec![2.0; 8]);
+    }
+
+    #[test]
+    fn one_backend_serves_several_caller_threads_in_turn() {
+        let cpu = std::sync::Arc::new(crate::CpuBackend::new(2));
+        let handles: Vec<_> = (0..3)
+            .map(|t| {
+                let cpu = std::sync::Arc::clone(&cpu);
+                std::thread::spawn(move || {
+                    let (mut s, a, x) = chain(4);
+                    for i in 0..20 {
+                        let v = (t * 100 + i) as f32;
+                        s.set_f32(a, &[v; 8]).unwrap();
+                        s.compute(&*cpu).unwrap();
+                        assert_eq!(s.get_f32(x).unwrap(), vec![v * 16.0; 8]);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
 
     #[test]
     fn split_covers_everything_once() {

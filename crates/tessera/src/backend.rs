@@ -260,6 +260,11 @@ impl Session {
         &self.mem
     }
 
+    /// Mutable access to the memory, for backends driven by hand (tests, tools).
+    pub fn memory_mut(&mut self) -> &mut Memory {
+        &mut self.mem
+    }
+
     fn leaf(&self, id: TensorId) -> Result<usize> {
         self.plan.leaf_index(id).ok_or_else(|| {
             Error::Invalid(format!(
