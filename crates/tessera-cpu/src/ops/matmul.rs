@@ -32,6 +32,16 @@ pub const NC: usize = 192;
 /// Up to this many columns of `b` use the mat-vec path.
 pub const MV_MAX_N: usize = 4;
 
+/// Whether out_prod runs on a dedicated kernel (`compute_out_prod`).
+pub fn handles_out_prod(_graph: &tessera::Graph, _t: &Tensor) -> bool {
+    false
+}
+
+/// out_prod: `dst[i, j] = Σ_k a[i, k] · b[j, k]`.
+pub fn compute_out_prod(ctx: &NodeCtx) -> Result<()> {
+    Err(ctx.err("no cpu kernel yet"))
+}
+
 /// Does this node run on the float kernels here (rather than the fallback)?
 pub fn handles(ctx_t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
     matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)

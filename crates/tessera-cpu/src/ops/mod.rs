@@ -5,14 +5,19 @@
 
 pub mod attention;
 pub mod binary;
+pub mod conv;
 pub mod fallback;
 pub mod glu;
+pub mod loss;
 pub mod matmul;
+pub mod misc;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod rope;
 pub mod rows;
 pub mod softmax;
+pub mod sort;
 pub mod unary;
 pub mod view;
 
@@ -35,7 +40,11 @@ enum Family {
     Attention,
     Reduce,
     MatMul,
-    Fallback,
+    Sort,
+    Loss,
+    Optim,
+    Conv,
+    Misc,
 }
 
 fn family(op: &Op) -> Family {
@@ -62,21 +71,15 @@ fn family(op: &Op) -> Family {
         Op::SoftMax { .. } | Op::DiagMaskInf { .. } | Op::DiagMaskZero { .. } => Family::SoftMax,
         Op::Rope(_) => Family::Rope,
         Op::GetRows | Op::SetRows => Family::Rows,
-        Op::MulMat => Family::MatMul,
+        Op::MulMat | Op::OutProd => Family::MatMul,
         Op::FlashAttnExt(_) => Family::Attention,
-        Op::OutProd
-        | Op::Argsort { .. }
-        | Op::TopK { .. }
-        | Op::CrossEntropyLoss
-        | Op::OptStepAdamw
-        | Op::OptStepSgd
-        | Op::Conv2d(_)
-        | Op::Im2col(_)
-        | Op::Pool2d(_)
-        | Op::Pad { .. }
-        | Op::Upscale { .. }
-        | Op::Arange { .. }
-        | Op::TimestepEmbedding { .. } => Family::Fallback,
+        Op::Argsort { .. } | Op::TopK { .. } => Family::Sort,
+        Op::CrossEntropyLoss => Family::Loss,
+        Op::OptStepAdamw | Op::OptStepSgd => Family::Optim,
+        Op::Conv2d(_) | Op::Im2col(_) | Op::Pool2d(_) => Family::Conv,
+        Op::Pad { .. } | Op::Upscale { .. } | Op::Arange { .. } | Op::TimestepEmbedding { .. } => {
+            Family::Misc
+        }
     }
 }
 
@@ -101,8 +104,15 @@ pub fn fast_path(graph: &Graph, t: &Tensor) -> bool {
         Family::View => view::handles(graph, t),
         Family::Attention => attention::handles(graph, t),
         Family::Reduce => reduce::handles(graph, t),
-        Family::MatMul => matmul::handles(t, s(0), s(1)),
-        Family::Fallback => false,
+        Family::MatMul => match t.op {
+            Op::MulMat => matmul::handles(t, s(0), s(1)),
+            _ => matmul::handles_out_prod(graph, t),
+        },
+        Family::Sort => sort::handles(graph, t),
+        Family::Loss => loss::handles(graph, t),
+        Family::Optim => optim::handles(graph, t),
+        Family::Conv => conv::handles(graph, t),
+        Family::Misc => misc::handles(graph, t),
     }
 }
 
@@ -123,8 +133,16 @@ pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
         Family::View => view::work_size(graph, t, nth),
         Family::Attention => attention::work_size(graph, t, nth),
         Family::Reduce => reduce::work_size(graph, t, nth),
-        Family::MatMul => matmul::work_size(s(0), s(1), nth),
-        Family::Nothing | Family::Fallback => 0,
+        Family::MatMul => match t.op {
+            Op::MulMat => matmul::work_size(s(0), s(1), nth),
+            _ => 0,
+        },
+        Family::Sort => sort::work_size(graph, t, nth),
+        Family::Loss => loss::work_size(graph, t, nth),
+        Family::Optim => optim::work_size(graph, t, nth),
+        Family::Conv => conv::work_size(graph, t, nth),
+        Family::Misc => misc::work_size(graph, t, nth),
+        Family::Nothing => 0,
     }
 }
 
@@ -145,7 +163,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Family::View => view::compute(ctx),
         Family::Attention => attention::compute(ctx),
         Family::Reduce => reduce::compute(ctx),
-        Family::MatMul => matmul::compute(ctx),
-        Family::Fallback => fallback::compute(ctx),
+        Family::MatMul => match ctx.t.op {
+            Op::MulMat => matmul::compute(ctx),
+            _ => matmul::compute_out_prod(ctx),
+        },
+        Family::Sort => sort::compute(ctx),
+        Family::Loss => loss::compute(ctx),
+        Family::Optim => optim::compute(ctx),
+        Family::Conv => conv::compute(ctx),
+        Family::Misc => misc::compute(ctx),
     }
 }
