@@ -14,6 +14,8 @@
 //!
 //! Rewritten from ggml's `ggml-quants.c` and `ggml-impl.h` (MIT licence, © the ggml authors).
 
+use crate::f16::trunc_i32;
+
 const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// 2^(x−128) (half of the E8M0 value), as ggml's `GGML_E8M0_TO_FP32_HALF`.
@@ -129,9 +131,10 @@ pub(crate) fn quantize_mxfp4(x: &[f32], y: &mut [u8], _imatrix: Option<&[f32]>) 
                 amax = v.abs();
             }
         }
-        // C: (uint8_t)(floorf(log2f(amax)) - 2 + 127), a float converted to an 8-bit integer.
+        // C: (uint8_t)(floorf(log2f(amax)) - 2 + 127), a float converted to an 8-bit integer
+        // (through a 32-bit conversion on x86-64, which matters only for absurd inputs).
         let e: u8 = if amax > 0.0 {
-            (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+            trunc_i32(amax.log2().floor() - 2.0 + 127.0) as u8
         } else {
             0
         };

@@ -1285,13 +1285,12 @@ fn iq1_best_neighbour(
 
 /// Sorts (value, index) pairs by value, keeping the original order on ties: ggml uses glibc's
 /// `qsort`, a merge sort, which is stable.
+/// (−0 and +0 compare equal, as in C; NaNs, which ggml's comparator cannot order, go to the
+/// ends so that the order stays total.)
 fn sorted_order(xb: &[f32]) -> Vec<usize> {
+    let key = |v: f32| if v == 0.0 { 0.0f32 } else { v };
     let mut idx: Vec<usize> = (0..xb.len()).collect();
-    idx.sort_by(|&a, &b| {
-        xb[a]
-            .partial_cmp(&xb[b])
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
+    idx.sort_by(|&a, &b| key(xb[a]).total_cmp(&key(xb[b])));
     idx
 }
 

@@ -72,10 +72,18 @@ fn scale_of(x: &[f32]) -> (f32, f32) {
     (amax, id)
 }
 
-/// C's `lroundf(x·id) + 1` for a ternary value (0, 1 or 2 for sane input).
+/// C's `int xi = lroundf(x·id) + 1` (0, 1 or 2 for sane input). Out of range, glibc's
+/// `lroundf` gives `LONG_MIN` on x86-64 and the sum is truncated to an int; kept so that even
+/// non-finite input gives ggml's bytes rather than a panic.
 #[inline]
 fn tern(v: f32, id: f32) -> i32 {
-    (v * id).round() as i32 + 1
+    let r = (v * id).round();
+    let l: i64 = if r.is_nan() || !(-9.223_372e18..9.223_372e18).contains(&r) {
+        i64::MIN
+    } else {
+        r as i64
+    };
+    l.wrapping_add(1) as i32
 }
 
 /// Packs 5 (or 4 then ×3) trits into a byte as ggml does: ceiling of q·256/243.

@@ -266,3 +266,63 @@ fn ternary_data_is_exact() {
         assert_eq!(&y, x, "{}", type_name(id).unwrap());
     }
 }
+
+#[test]
+fn hostile_input_never_panics() {
+    // ggml's behaviour on non-finite input is undefined (it may abort); ours must not panic,
+    // whatever bytes it produces. Also decode arbitrary bytes.
+    let n = 512;
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        1e-45,
+        -0.0,
+        0.0,
+        3e38,
+        1e-38,
+    ];
+    let mut rng = Rng(7);
+    let rows: Vec<Vec<f32>> = vec![
+        (0..n).map(|i| specials[i % specials.len()]).collect(),
+        (0..n)
+            .map(|i| if i % 17 == 0 { f32::NAN } else { rng.gauss() })
+            .collect(),
+        (0..n)
+            .map(|i| {
+                if i % 5 == 0 {
+                    f32::INFINITY
+                } else {
+                    rng.gauss()
+                }
+            })
+            .collect(),
+        (0..n).map(|_| rng.gauss() * 1e30).collect(),
+        (0..n).map(|_| rng.gauss() * 1e-42).collect(),
+    ];
+    let imatrices: Vec<Vec<f32>> = vec![
+        vec![0.0; n],
+        (0..n).map(|i| specials[i % specials.len()].abs()).collect(),
+        (0..n).map(|_| rng.uniform()).collect(),
+    ];
+    for &(id, _) in BOUNDS {
+        let (bs, ts) = layout(id).map_or((1, 2), |l| (l.block_size, l.type_size));
+        let mut q = vec![0u8; n / bs * ts];
+        let mut y = vec![0f32; n];
+        for x in &rows {
+            for im in &imatrices {
+                quantize_row(id, x, &mut q, Some(im)).unwrap();
+                dequantize_row(id, &q, &mut y).unwrap();
+            }
+            if !requires_imatrix(id) {
+                quantize_row(id, x, &mut q, None).unwrap();
+            }
+        }
+        for b in q.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        dequantize_row(id, &q, &mut y).unwrap();
+    }
+}
