@@ -1,0 +1,1 @@
+//! Tokenizers read from GGUF metadata (`tokenizer.ggml.*`).
