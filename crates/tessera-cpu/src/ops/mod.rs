@@ -10,6 +10,7 @@ pub mod fallback;
 pub mod glu;
 pub mod loss;
 pub mod matmul;
+pub mod matmul_quant;
 pub mod misc;
 pub mod norm;
 pub mod optim;
@@ -105,7 +106,7 @@ pub fn fast_path(graph: &Graph, t: &Tensor) -> bool {
         Family::Attention => attention::handles(graph, t),
         Family::Reduce => reduce::handles(graph, t),
         Family::MatMul => match t.op {
-            Op::MulMat => matmul::handles(t, s(0), s(1)),
+            Op::MulMat => matmul::handles(t, s(0), s(1)) || matmul_quant::handles(t, s(0), s(1)),
             _ => matmul::handles_out_prod(graph, t),
         },
         Family::Sort => sort::handles(graph, t),
@@ -134,6 +135,7 @@ pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
         Family::Attention => attention::work_size(graph, t, nth),
         Family::Reduce => reduce::work_size(graph, t, nth),
         Family::MatMul => match t.op {
+            Op::MulMat if s(0).dtype.is_quantized() => matmul_quant::work_size(s(0), s(1), nth),
             Op::MulMat => matmul::work_size(s(0), s(1), nth),
             _ => 0,
         },
@@ -164,6 +166,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Family::Attention => attention::compute(ctx),
         Family::Reduce => reduce::compute(ctx),
         Family::MatMul => match ctx.t.op {
+            Op::MulMat if ctx.s(0).dtype.is_quantized() => matmul_quant::compute(ctx),
             Op::MulMat => matmul::compute(ctx),
             _ => matmul::compute_out_prod(ctx),
         },

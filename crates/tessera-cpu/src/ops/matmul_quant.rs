@@ -1,0 +1,446 @@
+//! mul_mat with a quantized first operand, the way ggml's CPU backend computes it.
+//!
+//! First every column of `b` is quantized once per node to the activation format ggml pairs
+//! with the weight type (`vec_dot_type`: q8_0, q8_1 or q8_K), all threads sharing the work,
+//! followed by one barrier. Then each thread takes a contiguous range of weight rows and
+//! computes their dot products with every column:
+//! - q4_0 × q8_0, q4_1 × q8_1 and q8_0 × q8_0 have integer kernels (scalar and AVX2:
+//!   `vpmaddubsw` + `vpmaddwd`, block sums exact in integers, one f32 FMA per block);
+//! - every other type dequantizes its weight row into the thread's scratch and takes an f32 dot
+//!   product with the *dequantized* activations — the same products ggml forms, so the result
+//!   differs from ggml's only in the order of float additions.
+
+use tessera::{DType, Result, Tensor};
+
+use crate::exec::NodeCtx;
+use crate::simd::Isa;
+
+/// The activation format ggml quantizes `b` to for weights of type `t`.
+pub fn vec_dot_type(t: DType) -> DType {
+    use DType::*;
+    match t {
+        Q4_1 | Q5_1 => Q8_1,
+        Q2K | Q3K | Q4K | Q5K | Q6K | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M
+        | IQ4XS | TQ1_0 | TQ2_0 => Q8K,
+        _ => Q8_0,
+    }
+}
+
+/// Weight types with an integer dot-product kernel here.
+fn has_int_kernel(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
+    a.dtype.is_quantized()
+        && tessera_quants::layout(a.dtype.id()).is_some()
+        && tessera_quants::can_quantize(vec_dot_type(a.dtype).id())
+        && a.nb[0] == a.dtype.type_size()
+        && b.dtype == DType::F32
+        && t.dtype == DType::F32
+        && t.is_contiguous()
+        && a.ne[0] % vec_dot_type(a.dtype).block_size() == 0
+}
+
+struct Layout {
+    /// Bytes of one quantized column of b.
+    qrow: usize,
+    /// Columns of b over all batches.
+    cols: usize,
+    /// Offset of the dequantized activations (generic path only), and of per-thread scratch.
+    deq_off: usize,
+    scratch_off: usize,
+    /// Per-thread scratch: one f32 row of K (the column being quantized, or a weight row).
+    per_thread: usize,
+}
+
+fn layout(a: &Tensor, b: &Tensor) -> Layout {
+    let k = a.ne[0];
+    let vdt = vec_dot_type(a.dtype);
+    let qrow = vdt.row_size(k).unwrap_or(0);
+    let cols = b.ne[1] * b.ne[2] * b.ne[3];
+    let qbytes = (qrow * cols).next_multiple_of(64);
+    let deq = if has_int_kernel(a.dtype) {
+        0
+    } else {
+        (cols * k * 4).next_multiple_of(64)
+    };
+    Layout {
+        qrow,
+        cols,
+        deq_off: qbytes,
+        scratch_off: qbytes + deq,
+        per_thread: (k * 4).next_multiple_of(64),
+    }
+}
+
+pub fn work_size(a: &Tensor, b: &Tensor, nth: usize) -> usize {
+    let l = layout(a, b);
+    l.scratch_off + l.per_thread * nth
+}
+
+pub fn compute(ctx: &NodeCtx) -> Result<()> {
+    let (a, b, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    if k != b.ne[0] {
+        return Err(ctx.err(format!("inner dims differ: a has {k}, b has {}", b.ne[0])));
+    }
+    let l = layout(a, b);
+    if ctx.wsize < work_size(a, b, ctx.nth) {
+        return Err(ctx.err(format!(
+            "work buffer of {} bytes, {} needed",
+            ctx.wsize,
+            work_size(a, b, ctx.nth)
+        )));
+    }
+    let vdt = vec_dot_type(a.dtype);
+    // SAFETY: this thread's scratch row lies inside the work buffer (size checked above) and is
+    // used by this thread alone.
+    let tmp = unsafe {
+        std::slice::from_raw_parts_mut(
+            ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread) as *mut f32,
+            k,
+        )
+    };
+    // Phase 1: quantize (and, for the generic path, dequantize back) every column of b.
+    for col in ctx.share(l.cols) {
+        let (i1, i2, i3) = (
+            col % b.ne[1],
+            (col / b.ne[1]) % b.ne[2],
+            col / (b.ne[1] * b.ne[2]),
+        );
+        // SAFETY: the column lies inside b's validated span; the destination slices of the work
+        // buffer belong to column `col`, which only this thread handles.
+        unsafe {
+            let src = ctx.src[1].add(i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
+            for (kk, t) in tmp.iter_mut().enumerate() {
+                *t = *(src.add(kk * b.nb[0]) as *const f32);
+            }
+            let q = std::slice::from_raw_parts_mut(ctx.wdata.add(col * l.qrow), l.qrow);
+            tessera_quants::quantize_row(vdt.id(), tmp, q, None)
+                .map_err(|e| ctx.err(e.to_string()))?;
+            if !has_int_kernel(a.dtype) {
+                let deq = std::slice::from_raw_parts_mut(
+                    (ctx.wdata.add(l.deq_off) as *mut f32).add(col * k),
+                    k,
+                );
+                tessera_quants::dequantize_row(vdt.id(), q, deq)
+                    .map_err(|e| ctx.err(e.to_string()))?;
+            }
+        }
+    }
+    ctx.pool.barrier();
+    // Phase 2: rows of a split across threads.
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let row_bytes = a.dtype.row_size(k).expect("validated");
+    let rows = ctx.share(m);
+    for i3 in 0..b.ne[3] {
+        for i2 in 0..b.ne[2] {
+            let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
+            let d_off = i2 * d.nb[2] + i3 * d.nb[3];
+            let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
+            for im in rows.clone() {
+                // SAFETY: row `im` of a lies in its validated span; dst[im, ..] of this batch is
+                // written by this thread only; the quantized columns were finished before the
+                // barrier.
+                unsafe {
+                    let arow =
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + im * a.nb[1]), row_bytes);
+                    if !has_int_kernel(a.dtype) {
+                        tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
+                            .map_err(|e| ctx.err(e.to_string()))?;
+                    }
+                    for j in 0..n {
+                        let col = col0 + j;
+                        let v = if has_int_kernel(a.dtype) {
+                            let q = std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
+                            vec_dot(ctx.isa, a.dtype, arow, q, k)
+                        } else {
+                            let act = std::slice::from_raw_parts(
+                                (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
+                                k,
+                            );
+                            dot_f32(ctx.isa, tmp, act)
+                        };
+                        *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn f16(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Dot product of one weight row (q4_0, q4_1 or q8_0) with one activation row in its
+/// `vec_dot_type`.
+pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; the slices hold k/32
+        // blocks of their formats (checked by the callers' layouts).
+        return unsafe { avx2::vec_dot(t, w, x, k) };
+    }
+    let _ = isa;
+    vec_dot_scalar(t, w, x, k)
+}
+
+/// The reference (scalar) integer dot products.
+pub fn vec_dot_scalar(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    let nb = k / 32;
+    let mut sum = 0f32;
+    match t {
+        DType::Q4_0 => {
+            for i in 0..nb {
+                let (wb, xb) = (&w[i * 18..i * 18 + 18], &x[i * 34..i * 34 + 34]);
+                let mut s = 0i32;
+                for j in 0..16 {
+                    let (lo, hi) = ((wb[2 + j] & 15) as i32 - 8, (wb[2 + j] >> 4) as i32 - 8);
+                    s += lo * xb[2 + j] as i8 as i32 + hi * xb[2 + 16 + j] as i8 as i32;
+                }
+                sum += f16(wb, 0) * f16(xb, 0) * s as f32;
+            }
+        }
+        DType::Q4_1 => {
+            for i in 0..nb {
+                let (wb, xb) = (&w[i * 20..i * 20 + 20], &x[i * 36..i * 36 + 36]);
+                let mut s = 0i32;
+                for j in 0..16 {
+                    let (lo, hi) = ((wb[4 + j] & 15) as i32, (wb[4 + j] >> 4) as i32);
+                    s += lo * xb[4 + j] as i8 as i32 + hi * xb[4 + 16 + j] as i8 as i32;
+                }
+                sum += f16(wb, 0) * f16(xb, 0) * s as f32 + f16(wb, 2) * f16(xb, 2);
+            }
+        }
+        DType::Q8_0 => {
+            for i in 0..nb {
+                let (wb, xb) = (&w[i * 34..i * 34 + 34], &x[i * 34..i * 34 + 34]);
+                let mut s = 0i32;
+                for j in 0..32 {
+                    s += wb[2 + j] as i8 as i32 * xb[2 + j] as i8 as i32;
+                }
+                sum += f16(wb, 0) * f16(xb, 0) * s as f32;
+            }
+        }
+        _ => unreachable!("no integer kernel for {t}"),
+    }
+    sum
+}
+
+fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: AVX2+FMA present; equal lengths.
+        return unsafe { avx2::dot_f32(a, b) };
+    }
+    let _ = isa;
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+    use tessera::DType;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        // SAFETY: two readable bytes at p.
+        half::f16::from_bits(unsafe { (p as *const u16).read_unaligned() }).to_f32()
+    }
+
+    /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at p.
+        unsafe {
+            let q = _mm_loadu_si128(p as *const __m128i);
+            let lo = _mm_and_si128(q, _mm_set1_epi8(15));
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+
+    /// Σ x·y of 32 signed bytes each, as 8 i32 lanes → f32.
+    #[inline(always)]
+    unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256 {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let ax = _mm256_sign_epi8(x, x);
+            let sy = _mm256_sign_epi8(y, x);
+            let p = _mm256_maddubs_epi16(ax, sy);
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+        let nb = k / 32;
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        // SAFETY: w and x hold nb blocks of their formats.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            match t {
+                DType::Q4_0 => {
+                    for i in 0..nb {
+                        let (wb, xb) = (wp.add(i * 18), xp.add(i * 34));
+                        let d = _mm256_set1_ps(f16(wb) * f16(xb));
+                        let q = _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8));
+                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                        acc = _mm256_fmadd_ps(d, dot_i8(q, y), acc);
+                    }
+                    hsum(acc)
+                }
+                DType::Q4_1 => {
+                    let mut summs = 0f32;
+                    for i in 0..nb {
+                        let (wb, xb) = (wp.add(i * 20), xp.add(i * 36));
+                        summs += f16(wb.add(2)) * f16(xb.add(2));
+                        let d = _mm256_set1_ps(f16(wb) * f16(xb));
+                        let q = nibbles(wb.add(4));
+                        let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), _mm256_set1_epi16(1));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+                    }
+                    hsum(acc) + summs
+                }
+                DType::Q8_0 => {
+                    for i in 0..nb {
+                        let (wb, xb) = (wp.add(i * 34), xp.add(i * 34));
+                        let d = _mm256_set1_ps(f16(wb) * f16(xb));
+                        let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                        acc = _mm256_fmadd_ps(d, dot_i8(q, y), acc);
+                    }
+                    hsum(acc)
+                }
+                _ => unreachable!("no integer kernel for {t}"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        // SAFETY: loads stay below n.
+        unsafe {
+            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 16 <= n {
+                s0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    s0,
+                );
+                s1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    s1,
+                );
+                i += 16;
+            }
+            let mut s = hsum(_mm256_add_ps(s0, s1));
+            while i < n {
+                s += a[i] * b[i];
+                i += 1;
+            }
+            s
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng_vals(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    /// The SIMD integer kernels agree with the scalar ones (float summation order aside), on
+    /// random and adversarial rows (all equal, extremes, zeros).
+    #[test]
+    fn simd_dot_products_match_scalar() {
+        let k = 32 * 37;
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            let vdt = vec_dot_type(t);
+            for case in 0..6 {
+                let (wv, xv) = match case {
+                    0 => (rng_vals(k, 3), rng_vals(k, 4)),
+                    1 => (vec![1.0; k], vec![-1.0; k]),
+                    2 => (vec![0.0; k], rng_vals(k, 5)),
+                    3 => (
+                        rng_vals(k, 6).iter().map(|v| v * 1e4).collect(),
+                        rng_vals(k, 7),
+                    ),
+                    4 => (rng_vals(k, 8), vec![127.0; k]),
+                    _ => (
+                        (0..k)
+                            .map(|i| if i % 2 == 0 { 3.0 } else { -3.0 })
+                            .collect(),
+                        rng_vals(k, 9),
+                    ),
+                };
+                let mut w = vec![0u8; t.row_size(k).unwrap()];
+                let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+                tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
+                tessera_quants::quantize_row(vdt.id(), &xv, &mut x, None).unwrap();
+                let want = vec_dot_scalar(t, &w, &x, k);
+                // the same dot from dequantized values in f64
+                let mut wd = vec![0f32; k];
+                let mut xd = vec![0f32; k];
+                tessera_quants::dequantize_row(t.id(), &w, &mut wd).unwrap();
+                tessera_quants::dequantize_row(vdt.id(), &x, &mut xd).unwrap();
+                let exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let scale: f64 = wd
+                    .iter()
+                    .zip(&xd)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum::<f64>()
+                    .max(1e-30);
+                // q8_1 stores s = d·Σq in f16, as ggml does: the min term is only f16-accurate
+                let tol = if t == DType::Q4_1 { 1e-3 } else { 1e-5 };
+                assert!(
+                    ((want as f64) - exact).abs() / scale < tol,
+                    "{t} case {case}: scalar {want} vs exact {exact}"
+                );
+                let got = vec_dot(crate::simd::isa(), t, &w, &x, k);
+                assert!(
+                    ((got - want) as f64).abs() / scale < 1e-5,
+                    "{t} case {case}: simd {got} vs scalar {want}"
+                );
+            }
+        }
+    }
+}
