@@ -356,9 +356,55 @@ impl Session {
         Ok(())
     }
 
+    /// Takes a leaf's buffer out of the session (leaving an empty one: computing fails with an
+    /// error until a buffer is put back). With [`put_buffer`](Session::put_buffer) this moves
+    /// state such as a KV cache between sessions planned for different batch shapes, without
+    /// copying it.
+    pub fn take_buffer(&mut self, id: TensorId) -> Result<Buffer> {
+        let i = self.leaf(id)?;
+        let old = std::mem::replace(&mut self.mem.leaves[i], Buffer::zeroed(0));
+        self.mem.set_leaf(i, Buffer::zeroed(0));
+        Ok(old)
+    }
+
+    /// Puts a buffer (from [`take_buffer`](Session::take_buffer) or [`Buffer::zeroed`]) into a
+    /// leaf; it must hold at least the leaf's bytes.
+    pub fn put_buffer(&mut self, id: TensorId, buf: Buffer) -> Result<()> {
+        let i = self.leaf(id)?;
+        let t = self.graph.tensor(id);
+        if buf.len() < t.nbytes() {
+            return Err(Error::Invalid(format!(
+                "put_buffer: tensor {id} '{}' ({}) needs {} bytes, the buffer has {}",
+                t.name,
+                t.describe(),
+                t.nbytes(),
+                buf.len()
+            )));
+        }
+        self.mem.set_leaf(i, buf);
+        Ok(())
+    }
+
     /// The values of any planned tensor as f32 in logical order (converted or dequantized).
     pub fn get_f32(&self, id: TensorId) -> Result<Vec<f32>> {
         Ok(self.get_f64(id)?.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// Copies a contiguous f32 tensor into `out` (resized to fit) without going through f64:
+    /// the fast way to read logits.
+    pub fn read_f32_into(&self, id: TensorId, out: &mut Vec<f32>) -> Result<()> {
+        let t = self.graph.tensor(id);
+        if t.dtype != DType::F32 || !t.is_contiguous() {
+            return Err(Error::Invalid(format!(
+                "read_f32_into: tensor {id} '{}' is {}, not a contiguous f32 tensor",
+                t.name,
+                t.describe()
+            )));
+        }
+        let bytes = self.mem.tensor_bytes(&self.graph, &self.plan, id)?;
+        out.clear();
+        out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        Ok(())
     }
 
     /// The values of any planned tensor as f64 in logical order.
