@@ -182,6 +182,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 );
                 continue;
             }
+            let _ = dense;
             rotate_scalar(neox, f16, src, a.nb[0], dst, n_dims, cos, sin);
             for i in n_dims..n {
                 std::ptr::copy(src.add(i * a.nb[0]), dst.add(i * ts), ts);
