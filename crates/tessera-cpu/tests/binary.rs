@@ -210,6 +210,60 @@ fn in_place_chains() {
     }
 }
 
+/// The planner may run `a op b` in place over `a` while `b` is a view of `a` (a row of it, a
+/// transposed view): `b` must be read as it was before the node started.
+#[test]
+fn in_place_over_a_source_that_b_views() {
+    let mut rng = Rng::new(37);
+    for (k, name) in NAMES.iter().enumerate() {
+        for dt in [DType::F32, DType::F16] {
+            let ts = dt.type_size();
+            let mut g = Graph::new();
+            let x = g.new_tensor(dt, &[40, 9]).unwrap();
+            let a = g.scale(x, 1.5).unwrap();
+            let row = g.view(a, &[40, 1], &[40 * ts], 2 * 40 * ts).unwrap();
+            let y = op(&mut g, k, a, row);
+            assert_fast(&g, y);
+            let s = Session::new(g.clone(), &[y]).unwrap();
+            assert_eq!(s.plan().inplace.len(), 1, "{:?}", s.plan().inplace);
+            check(
+                g,
+                &[x],
+                y,
+                &mut rng,
+                TOL,
+                &format!("{name} {dt} in place, b a row of a"),
+            );
+            let mut g = Graph::new();
+            let x = g.new_tensor(dt, &[9, 9]).unwrap();
+            let a = g.scale(x, 1.5).unwrap();
+            let t = g.transpose(a).unwrap();
+            let y = op(&mut g, k, a, t);
+            check(
+                g,
+                &[x],
+                y,
+                &mut rng,
+                TOL,
+                &format!("{name} {dt} in place, b = aᵀ"),
+            );
+            let mut g = Graph::new();
+            let x = g.new_tensor(dt, &[300]).unwrap();
+            let a = g.scale(x, 1.5).unwrap();
+            let one = g.view(a, &[1], &[], 7 * ts).unwrap();
+            let y = g.add1(a, one).unwrap();
+            check(
+                g,
+                &[x],
+                y,
+                &mut rng,
+                TOL,
+                &format!("add1 {dt} in place, b an element of a"),
+            );
+        }
+    }
+}
+
 #[test]
 fn acc_and_set_regions() {
     let mut rng = Rng::new(36);

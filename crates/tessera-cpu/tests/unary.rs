@@ -399,3 +399,77 @@ fn accuracy_of_the_transcendentals() {
         assert!(worst < 1e-6, "{isa:?}: erf's absolute error {worst:e}");
     }
 }
+
+/// Nanoseconds this thread has run on a CPU (Linux x86_64; elsewhere 0, and wall time is used).
+fn cpu_ns() -> u64 {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut t = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: libc's clock_gettime writes one timespec (two i64 on x86_64 Linux) to `t`.
+        if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0 {
+            return t.sec as u64 * 1_000_000_000 + t.nsec as u64;
+        }
+    }
+    0
+}
+
+/// `cargo test -p tessera-cpu --test unary -- --ignored --nocapture`: nanoseconds per element
+/// of some activations on `N` (default 4M) f32, AVX2 with one and two threads, and scalar. With
+/// one thread the time is the thread's CPU time, so a busy machine does not inflate it.
+#[test]
+#[ignore]
+fn activation_throughput() {
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4 << 20);
+    for u in [
+        UnaryOp::Exp,
+        UnaryOp::Silu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluErf,
+        UnaryOp::Tanh,
+        UnaryOp::Relu,
+    ] {
+        let mut g = Graph::new();
+        let x = g.new_f32(&[n]).unwrap();
+        let y = g.unary(x, u).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        let v: Vec<f32> = (0..n).map(|i| (i % 2000) as f32 * 0.005 - 5.0).collect();
+        s.set_f32(x, &v).unwrap();
+        for (isa, th) in [
+            (tessera_cpu::simd::isa(), 1),
+            (tessera_cpu::simd::isa(), 2),
+            (Isa::Scalar, 1),
+        ] {
+            let cpu = CpuBackend::with_isa(th, isa);
+            s.compute(&cpu).unwrap();
+            let t = (0..(5 + (1 << 24) / n))
+                .map(|_| {
+                    let (t, c) = (std::time::Instant::now(), cpu_ns());
+                    s.compute(&cpu).unwrap();
+                    if th == 1 && c > 0 {
+                        // on-CPU time of this thread (the machine may be shared)
+                        (cpu_ns() - c) as f64 * 1e-9
+                    } else {
+                        t.elapsed().as_secs_f64()
+                    }
+                })
+                .fold(f64::MAX, f64::min);
+            println!(
+                "{:>10} {isa:?} {th}t: {:.2} ns/element",
+                u.name(),
+                t * 1e9 / n as f64
+            );
+        }
+    }
+}

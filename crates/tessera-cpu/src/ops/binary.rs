@@ -122,8 +122,18 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
     }
 }
 
-pub fn work_size(_graph: &Graph, _t: &Tensor, _nth: usize) -> usize {
-    0
+/// Whether `b` may share memory with `a` (a view of the same storage): if the node then runs
+/// in place, `b` would be overwritten while it is read, so it is first copied to the scratch.
+fn b_aliases_a(graph: &Graph, t: &Tensor) -> bool {
+    binop_of(&t.op).is_some() && graph.storage_root(t.src[0]).0 == graph.storage_root(t.src[1]).0
+}
+
+pub fn work_size(graph: &Graph, t: &Tensor, _nth: usize) -> usize {
+    if b_aliases_a(graph, t) {
+        (graph.tensor(t.src[1]).nelements() * 4).next_multiple_of(64)
+    } else {
+        0
+    }
 }
 
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
@@ -140,19 +150,49 @@ fn elementwise(ctx: &NodeCtx) -> Result<()> {
     let (a, b, d) = (ctx.s(0), ctx.s(1), ctx.t);
     let isa = ctx.isa;
     let n = d.nelements();
+    // b's type, shape, strides and memory
+    let (mut b_dt, b_ne, mut b_nb, mut b_ptr) = (b.dtype, b.ne, b.nb, ctx.src[1]);
+    let mut b_dense = b.is_contiguous();
+    let b_is_a = std::ptr::eq(ctx.src[0], ctx.src[1]) && b.ne == a.ne && b.nb == a.nb;
+    if b_aliases_a(ctx.graph, d) && std::ptr::eq(ctx.dst, ctx.src[0]) && !b_is_a {
+        // In place over a's memory, which b views: copy b (as dense f32) to the scratch first.
+        let need = work_size(ctx.graph, d, ctx.nth);
+        if ctx.wsize < need {
+            return Err(ctx.err(format!("work buffer of {} bytes, {need} needed", ctx.wsize)));
+        }
+        let scratch = ctx.wdata as *mut f32;
+        for_row_pieces(
+            &b.ne,
+            flat_share(b.nelements(), ctx.ith, ctx.nth),
+            |i, len, flat| {
+                // SAFETY: b's span was validated; this thread fills its own flat range of the
+                // scratch, which holds b's element count (checked above).
+                unsafe {
+                    let p = ctx.src[1]
+                        .add(i[0] * b.nb[0] + i[1] * b.nb[1] + i[2] * b.nb[2] + i[3] * b.nb[3]);
+                    load_f32(isa, b.dtype, p, b.nb[0], scratch.add(flat), len);
+                }
+            },
+        );
+        ctx.pool.barrier();
+        b_dt = DType::F32;
+        b_nb = tessera::shape::contiguous_nb(DType::F32, &b.ne);
+        b_ptr = scratch as *const u8;
+        b_dense = true;
+    }
     // Walk a's shape (flat when dense and b is a full copy of it or one value).
     let b_one = b.nelements() == 1;
-    let flat = a.is_contiguous() && (b_one || (b.ne == a.ne && b.is_contiguous()));
+    let flat = a.is_contiguous() && (b_one || (b_ne == a.ne && b_dense));
     let (ane, anb) = if flat { walk_shape(a) } else { (a.ne, a.nb) };
     let (bne, bnb) = if flat && !b_one {
-        walk_shape(b)
+        ([b.nelements(), 1, 1, 1], [b_dt.type_size(), 0, 0, 0])
     } else if b_one {
         ([1, 1, 1, 1], [0; 4])
     } else {
-        (b.ne, b.nb)
+        (b_ne, b_nb)
     };
     let dts = d.dtype.type_size();
-    let all_f32 = a.dtype == DType::F32 && b.dtype == DType::F32 && d.dtype == DType::F32;
+    let all_f32 = a.dtype == DType::F32 && b_dt == DType::F32 && d.dtype == DType::F32;
     let fast = all_f32 && (anb[0] == 4 || ane[0] == 1) && (bnb[0] == 4 || bne[0] == 1);
     let stream = fast
         && a.nbytes() + b.nbytes() + d.nbytes() >= STREAM_BYTES
@@ -168,7 +208,7 @@ fn elementwise(ctx: &NodeCtx) -> Result<()> {
         // written index by index.
         unsafe {
             let ap = ctx.src[0].add(i[0] * anb[0] + i[1] * anb[1] + i[2] * anb[2] + i[3] * anb[3]);
-            let brow = ctx.src[1].add(
+            let brow = b_ptr.add(
                 (i[1] % bne[1]) * bnb[1] + (i[2] % bne[2]) * bnb[2] + (i[3] % bne[3]) * bnb[3],
             );
             let dp = ctx.dst.add(flat * dts);
@@ -201,7 +241,7 @@ fn elementwise(ctx: &NodeCtx) -> Result<()> {
                     c,
                 );
                 let b_step = if bne[0] == 1 {
-                    load_f32(isa, b.dtype, brow, bnb[0], bb.as_mut_ptr(), 1);
+                    load_f32(isa, b_dt, brow, bnb[0], bb.as_mut_ptr(), 1);
                     0
                 } else {
                     let mut j = 0;
@@ -210,7 +250,7 @@ fn elementwise(ctx: &NodeCtx) -> Result<()> {
                         let cc = (bne[0] - bj).min(c - j);
                         load_f32(
                             isa,
-                            b.dtype,
+                            b_dt,
                             brow.add(bj * bnb[0]),
                             bnb[0],
                             bb.as_mut_ptr().add(j),

@@ -281,6 +281,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
 }
 
 /// The AVX2 + FMA forms, eight lanes at a time.
+///
+/// Safety: the vector functions here are `#[inline(always)]` (so that they are inlined into the
+/// loops of [`x86::apply`] at every optimisation level) and do not enable target features
+/// themselves: they may only be called from code compiled with AVX2 and FMA enabled, i.e.
+/// from `#[target_feature(enable = "avx2,fma")]` functions, on a CPU that has them.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{Fun, ERFC_C, GELU_K1, GELU_K2, GELU_QUICK};
@@ -295,8 +300,7 @@ pub(crate) mod x86 {
     }
 
     /// `e^x`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn exp(x: __m256) -> __m256 {
         // min/max return their second operand when either is NaN: NaN passes through.
         let x = _mm256_max_ps(c(-104.0), _mm256_min_ps(c(89.0), x));
@@ -323,35 +327,30 @@ pub(crate) mod x86 {
         _mm256_mul_ps(_mm256_mul_ps(y, s1), s2)
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn neg(x: __m256) -> __m256 {
         _mm256_xor_ps(x, c(-0.0))
     }
 
     /// `x / (1 + e^(-k x))`: sigmoid (x = 1 numerator), silu, gelu_quick.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn x_over_1_exp(num: __m256, arg: __m256) -> __m256 {
         _mm256_div_ps(num, _mm256_add_ps(c(1.0), exp(arg)))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn sigmoid(x: __m256) -> __m256 {
         x_over_1_exp(c(1.0), neg(x))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn silu(x: __m256) -> __m256 {
         x_over_1_exp(x, neg(x))
     }
 
     /// `e·(1 - lo)`, the first-order correction of `e = e^(-hi)` to `e^(-(hi + lo))` for a tiny
     /// `lo`; where it is not a number (an infinite `e` or `lo`) `e` itself.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn corrected(e: __m256, lo: __m256) -> __m256 {
         let r = _mm256_fnmadd_ps(e, lo, e);
         _mm256_blendv_ps(e, r, _mm256_cmp_ps(r, r, _CMP_ORD_Q))
@@ -359,8 +358,7 @@ pub(crate) mod x86 {
 
     /// `e^(-a·(b + b_lo))` for the exact product: the rounding error of `a·b` and the term
     /// `a·b_lo` are put back, so the relative error does not grow with the argument's size.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn exp_neg_prod(a: __m256, b: __m256, b_lo: __m256) -> __m256 {
         let hi = _mm256_mul_ps(a, b);
         let lo = _mm256_fmadd_ps(a, b_lo, _mm256_fmsub_ps(a, b, hi));
@@ -368,8 +366,7 @@ pub(crate) mod x86 {
     }
 
     /// `s + e = a + b` exactly (Knuth's two-sum).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn two_sum(a: __m256, b: __m256) -> (__m256, __m256) {
         let s = _mm256_add_ps(a, b);
         let bb = _mm256_sub_ps(s, a);
@@ -378,14 +375,12 @@ pub(crate) mod x86 {
     }
 
     /// All ones where `v` is finite.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn finite(v: __m256) -> __m256 {
         _mm256_cmp_ps(_mm256_andnot_ps(c(-0.0), v), c(f32::MAX), _CMP_LE_OQ)
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn gelu_quick(x: __m256) -> __m256 {
         let e = exp_neg_prod(x, c(GELU_QUICK.0), c(GELU_QUICK.1));
         _mm256_div_ps(x, _mm256_add_ps(c(1.0), e))
@@ -393,8 +388,7 @@ pub(crate) mod x86 {
 
     /// gelu, tanh form: `0.5x(1 + tanh u) = x / (1 + e^(-2u))`, `2u = x (k1 + k2 x²)`, with
     /// `k1 + k2 x²` in double-f32 so that the exponent is right to about 1e-14 relative.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn gelu(x: __m256) -> __m256 {
         let x2 = _mm256_mul_ps(x, x);
         // the square's rounding error (0 where the square overflows)
@@ -415,8 +409,7 @@ pub(crate) mod x86 {
     /// z < 0 and `2 - erfc(z)` otherwise, `erfc(a) = t·e^(P(t) - a²)`, `t = 1/(1 + a/2)`.
     /// The exponent is formed exactly to first order (`a² = x²/2` from the exact square,
     /// `P - a²` with its rounding error), so the tails keep their relative accuracy.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn gelu_erf(x: __m256) -> __m256 {
         let z = _mm256_mul_ps(x, c(std::f32::consts::FRAC_1_SQRT_2));
         let a = _mm256_andnot_ps(c(-0.0), z);
@@ -442,8 +435,7 @@ pub(crate) mod x86 {
         _mm256_mul_ps(_mm256_mul_ps(c(0.5), x), m)
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn tanh(x: __m256) -> __m256 {
         let sign = _mm256_and_ps(x, c(-0.0));
         let ax = _mm256_andnot_ps(c(-0.0), x);
@@ -463,8 +455,7 @@ pub(crate) mod x86 {
     }
 
     /// `e^x - 1`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn expm1(x: __m256) -> __m256 {
         let big = _mm256_sub_ps(exp(x), c(1.0));
         // |x| < 0.5: x (1 + x/2 + x²/6 + … + x⁸/9!)
@@ -489,20 +480,17 @@ pub(crate) mod x86 {
         _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, c(0.5), _CMP_LT_OQ))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn elu(x: __m256) -> __m256 {
         _mm256_blendv_ps(expm1(x), x, _mm256_cmp_ps(x, c(0.0), _CMP_GT_OQ))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn relu(x: __m256) -> __m256 {
         _mm256_and_ps(x, _mm256_cmp_ps(x, c(0.0), _CMP_GT_OQ))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     unsafe fn hardsigmoid(x: __m256) -> __m256 {
         let v = _mm256_div_ps(_mm256_add_ps(x, c(3.0)), c(6.0));
         // constant first: NaN passes through like the reference's clamp
