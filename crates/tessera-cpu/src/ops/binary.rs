@@ -26,7 +26,7 @@ use tessera::shape::can_repeat;
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use super::unary::walk_shape;
-use super::view::{avx2, flat_share, for_row_pieces, is_float, load_f32, store_f32, CHUNK};
+use super::view::{flat_share, for_row_pieces, is_float, load_f32, store_f32, CHUNK};
 use crate::exec::{split, NodeCtx};
 use crate::simd::Isa;
 
@@ -73,7 +73,7 @@ pub(crate) unsafe fn binop_f32(
     stream: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx2(isa) {
+    if super::view::avx2(isa) {
         // SAFETY: AVX2 is only chosen when the CPU has it; the caller's contract.
         unsafe { x86::binop(op, a, b, b_step, y, n, stream) };
         return;

@@ -60,7 +60,7 @@
 use tessera::op::UnaryOp;
 use tessera::{DType, Graph, Op, Result, Tensor};
 
-use super::view::{avx2, flat_share, for_row_pieces, is_float, load_f32, store_f32, CHUNK};
+use super::view::{flat_share, for_row_pieces, is_float, load_f32, store_f32, CHUNK};
 use crate::exec::NodeCtx;
 use crate::simd::Isa;
 
@@ -202,7 +202,7 @@ pub(crate) fn scalar(f: Fun, x: f32) -> f32 {
 /// or do not overlap.
 pub(crate) unsafe fn apply(isa: Isa, f: Fun, x: *const f32, y: *mut f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
-    if avx2(isa) {
+    if super::view::avx2(isa) {
         // SAFETY: `avx2(isa)` holds only when the CPU has AVX2, FMA and F16C; the caller's
         // contract covers the pointers.
         unsafe { x86::apply(f, x, y, n) };
