@@ -32,14 +32,263 @@ pub const NC: usize = 192;
 /// Up to this many columns of `b` use the mat-vec path.
 pub const MV_MAX_N: usize = 4;
 
-/// Whether out_prod runs on a dedicated kernel (`compute_out_prod`).
-pub fn handles_out_prod(_graph: &tessera::Graph, _t: &Tensor) -> bool {
-    false
+/// Whether out_prod runs on a dedicated kernel (`compute_out_prod`): an f32/f16/bf16 `a` and
+/// an f32 `b` of any strides, a contiguous f32 destination (quantized `a` takes the fallback).
+pub fn handles_out_prod(graph: &tessera::Graph, t: &Tensor) -> bool {
+    if t.src.len() != 2 {
+        return false;
+    }
+    let (a, b) = (graph.tensor(t.src[0]), graph.tensor(t.src[1]));
+    matches!(a.dtype, DType::F32 | DType::F16 | DType::BF16)
+        && b.dtype == DType::F32
+        && t.dtype == DType::F32
+        && t.is_contiguous()
 }
 
-/// out_prod: `dst[i, j] = Σ_k a[i, k] · b[j, k]`.
+/// out_prod: `dst[i, j] = Σ_k a[i, k] · b[j, k]`, `a` broadcast over dims 2 and 3 of `b`.
+///
+/// No work buffer (the node gets none): a thread packs, on its stack, a block of `a` (`OMC`
+/// rows × `OKB` k, converted to f32, in panels of `OTM` rows) and a block of `b` (`ONB` columns
+/// × `OKB` k); a register tile of `OTM` rows × `OTN` columns (AVX2 FMA, or plain Rust) sums
+/// over the block's k in order, and block after block is added to the destination. Each value
+/// is thus summed in a fixed order whatever the thread count or the split (jobs: broadcast
+/// batches × row chunks × column ranges). In f32, like ggml; measured ≤ 4e-7 of the output's
+/// largest magnitude against the f64 reference for K up to 4000 (the tests allow 1e-5).
 pub fn compute_out_prod(ctx: &NodeCtx) -> Result<()> {
-    Err(ctx.err("no cpu kernel yet"))
+    /// Rows of `a` per register tile (two 8-lane registers).
+    const OTM: usize = 16;
+    /// Columns (rows of `b`) per register tile.
+    const OTN: usize = 4;
+    /// k per packed block.
+    const OKB: usize = 128;
+    /// Rows of `a` per job and packed block (a multiple of OTM).
+    const OMC: usize = 64;
+    /// Columns of `b` per packed block (a multiple of OTN).
+    const ONB: usize = 64;
+
+    /// The f32/f16/bf16 value at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` points at a readable value of `dtype`.
+    #[inline(always)]
+    unsafe fn ld(dtype: DType, p: *const u8) -> f32 {
+        // SAFETY: the caller's contract; unaligned reads are allowed.
+        unsafe {
+            match dtype {
+                DType::F32 => (p as *const f32).read_unaligned(),
+                DType::F16 => half::f16::from_bits((p as *const u16).read_unaligned()).to_f32(),
+                _ => f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16),
+            }
+        }
+    }
+
+    /// `acc[c][r] = Σ_kk bp[kk·ONB + c] · ap[kk·OTM + r]`, kk in order.
+    ///
+    /// # Safety
+    /// `ap` holds `kb·OTM` f32; `bp` `kb` rows of stride `ONB` with `OTN` readable values.
+    unsafe fn tile(
+        isa: Isa,
+        kb: usize,
+        ap: *const f32,
+        bp: *const f32,
+        acc: &mut [[f32; OTM]; OTN],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 && isa != Isa::Neon {
+            // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; the caller's contract.
+            unsafe { tile_avx2(kb, ap, bp, acc) };
+            return;
+        }
+        let _ = isa;
+        *acc = [[0f32; OTM]; OTN];
+        for kk in 0..kb {
+            // SAFETY: kk < kb (caller's contract).
+            let (av, bv) = unsafe {
+                (
+                    std::slice::from_raw_parts(ap.add(kk * OTM), OTM),
+                    std::slice::from_raw_parts(bp.add(kk * ONB), OTN),
+                )
+            };
+            for (row, &bc) in acc.iter_mut().zip(bv) {
+                for (o, &x) in row.iter_mut().zip(av) {
+                    *o += bc * x;
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA present; as `tile`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_avx2(kb: usize, ap: *const f32, bp: *const f32, acc: &mut [[f32; OTM]; OTN]) {
+        use std::arch::x86_64::*;
+        // SAFETY: reads stay inside kb·OTM values of ap and kb rows of bp. (Unrolled by hand
+        // so that the accumulators stay in registers at any optimisation level.)
+        unsafe {
+            let (mut c00, mut c01) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut c10, mut c11) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut c20, mut c21) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut c30, mut c31) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut pa, mut pb) = (ap, bp);
+            for _ in 0..kb {
+                let a0 = _mm256_loadu_ps(pa);
+                let a1 = _mm256_loadu_ps(pa.add(8));
+                let b0 = _mm256_broadcast_ss(&*pb);
+                c00 = _mm256_fmadd_ps(b0, a0, c00);
+                c01 = _mm256_fmadd_ps(b0, a1, c01);
+                let b1 = _mm256_broadcast_ss(&*pb.add(1));
+                c10 = _mm256_fmadd_ps(b1, a0, c10);
+                c11 = _mm256_fmadd_ps(b1, a1, c11);
+                let b2 = _mm256_broadcast_ss(&*pb.add(2));
+                c20 = _mm256_fmadd_ps(b2, a0, c20);
+                c21 = _mm256_fmadd_ps(b2, a1, c21);
+                let b3 = _mm256_broadcast_ss(&*pb.add(3));
+                c30 = _mm256_fmadd_ps(b3, a0, c30);
+                c31 = _mm256_fmadd_ps(b3, a1, c31);
+                pa = pa.add(OTM);
+                pb = pb.add(ONB);
+            }
+            let tiles = [(c00, c01), (c10, c11), (c20, c21), (c30, c31)];
+            for (row, (lo, hi)) in acc.iter_mut().zip(tiles) {
+                _mm256_storeu_ps(row.as_mut_ptr(), lo);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), hi);
+            }
+        }
+    }
+
+    let (a, b, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    let (m, kdim, n) = (a.ne[0], a.ne[1], b.ne[0]);
+    if b.ne[1] != kdim || d.ne != [m, n, b.ne[2], b.ne[3]] || a.ne[2] == 0 || a.ne[3] == 0 {
+        return Err(ctx.err(format!(
+            "a {:?}, b {:?} and dst {:?} do not fit out_prod",
+            a.ne, b.ne, d.ne
+        )));
+    }
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let batches = b.ne[2] * b.ne[3];
+    let mchunks = m.div_ceil(OMC);
+    if batches * mchunks * n == 0 {
+        return Ok(());
+    }
+    // when batches × row chunks leave threads idle, split the columns too
+    let nsplit = if batches * mchunks >= ctx.nth {
+        1
+    } else {
+        ctx.nth
+            .div_ceil(batches * mchunks)
+            .min(n.div_ceil(OTN))
+            .max(1)
+    };
+    let ncols = n.div_ceil(nsplit).next_multiple_of(OTN);
+    let a_dense_f32 = a.dtype == DType::F32 && a.nb[0] == 4;
+    let mut ap = [0f32; OMC * OKB];
+    let mut bp = [0f32; OKB * ONB];
+    let mut acc = [[0f32; OTM]; OTN];
+    for job in ctx.share(batches * mchunks * nsplit) {
+        let ns = job % nsplit;
+        let mc = (job / nsplit) % mchunks;
+        let bi = job / (nsplit * mchunks);
+        let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
+        let a_base = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
+        let b_base = i2 * b.nb[2] + i3 * b.nb[3];
+        let d_base = i2 * d.nb[2] + i3 * d.nb[3];
+        let (m0, m1) = (mc * OMC, ((mc + 1) * OMC).min(m));
+        let (n0, n1) = ((ns * ncols).min(n), ((ns + 1) * ncols).min(n));
+        if n0 >= n1 {
+            continue;
+        }
+        let tiles = (m1 - m0).div_ceil(OTM);
+        if kdim == 0 {
+            for j in n0..n1 {
+                for i in m0..m1 {
+                    // SAFETY: dst[i, j] of this batch lies in the destination, this job's.
+                    unsafe { *(ctx.dst.add(d_base + j * d.nb[1] + i * 4) as *mut f32) = 0.0 };
+                }
+            }
+            continue;
+        }
+        let mut k0 = 0;
+        while k0 < kdim {
+            let kb = OKB.min(kdim - k0);
+            // pack a[m0..m1, k0..k0+kb]: panel p holds rows m0 + p·OTM.. as [kk][OTM]
+            for p in 0..tiles {
+                let (r0, rows) = (m0 + p * OTM, OTM.min(m1 - m0 - p * OTM));
+                for kk in 0..kb {
+                    let panel = &mut ap[(p * OKB + kk) * OTM..(p * OKB + kk + 1) * OTM];
+                    // SAFETY: a[r0.., k0 + kk] of this batch: `rows` values inside a's span.
+                    unsafe {
+                        let src = ctx.src[0].add(a_base + (k0 + kk) * a.nb[1] + r0 * a.nb[0]);
+                        if a_dense_f32 {
+                            std::ptr::copy_nonoverlapping(
+                                src as *const f32,
+                                panel.as_mut_ptr(),
+                                rows,
+                            );
+                        } else {
+                            for (r, o) in panel.iter_mut().enumerate().take(rows) {
+                                *o = ld(a.dtype, src.add(r * a.nb[0]));
+                            }
+                        }
+                    }
+                    panel[rows..].fill(0.0);
+                }
+            }
+            let mut jb0 = n0;
+            while jb0 < n1 {
+                let jbn = ONB.min(n1 - jb0);
+                // pack b[jb0..jb0+jbn, k0..k0+kb] as [kk][ONB], zero up to a whole tile
+                for kk in 0..kb {
+                    let row = &mut bp[kk * ONB..(kk + 1) * ONB];
+                    // SAFETY: b[jb0.., k0 + kk] of this batch: jbn values inside b's span.
+                    unsafe {
+                        let src = ctx.src[1].add(b_base + jb0 * b.nb[0] + (k0 + kk) * b.nb[1]);
+                        if b.nb[0] == 4 {
+                            std::ptr::copy_nonoverlapping(src as *const f32, row.as_mut_ptr(), jbn);
+                        } else {
+                            for (c, o) in row.iter_mut().enumerate().take(jbn) {
+                                *o = (src.add(c * b.nb[0]) as *const f32).read_unaligned();
+                            }
+                        }
+                    }
+                    row[jbn..jbn.next_multiple_of(OTN)].fill(0.0);
+                }
+                for j0 in (0..jbn).step_by(OTN) {
+                    let cols = OTN.min(jbn - j0);
+                    for p in 0..tiles {
+                        // SAFETY: panel p of ap holds kb·OTM values; bp kb rows of ONB with
+                        // OTN readable from j0 (zero-filled up to a whole tile).
+                        unsafe {
+                            tile(
+                                ctx.isa,
+                                kb,
+                                ap.as_ptr().add(p * OKB * OTM),
+                                bp.as_ptr().add(j0),
+                                &mut acc,
+                            )
+                        };
+                        let i0 = m0 + p * OTM;
+                        let rows = OTM.min(m1 - i0);
+                        for (c, col) in acc.iter().enumerate().take(cols) {
+                            // SAFETY: dst[i0..i0+rows, jb0+j0+c] of this batch lies in the
+                            // destination and belongs to this job alone.
+                            unsafe {
+                                let out = ctx.dst.add(d_base + (jb0 + j0 + c) * d.nb[1] + i0 * 4)
+                                    as *mut f32;
+                                for (r, &v) in col.iter().enumerate().take(rows) {
+                                    let o = out.add(r);
+                                    *o = if k0 == 0 { v } else { *o + v };
+                                }
+                            }
+                        }
+                    }
+                }
+                jb0 += jbn;
+            }
+            k0 += kb;
+        }
+    }
+    Ok(())
 }
 
 /// Does this node run on the float kernels here (rather than the fallback)?
