@@ -22,7 +22,7 @@ use tessera::op::{Conv2dParams, Im2colParams, Pool2dParams, PoolKind};
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
-use crate::ops::reduce::{load, row_offset, store, use_avx2};
+use crate::ops::reduce::{load, row_offset, store};
 use crate::simd::Isa;
 
 /// Output columns per conv_2d unit (a multiple of 16, the register tile's width).
@@ -101,7 +101,7 @@ fn round_f16(v: f32) -> f32 {
 /// `x` holds `n` writable f32.
 unsafe fn round_f16_row(isa: Isa, x: *mut f32, n: usize) {
     #[cfg(target_arch = "x86_64")]
-    if use_avx2(isa) {
+    if crate::ops::reduce::use_avx2(isa) {
         // SAFETY: AVX2/F16C present; the caller's contract.
         unsafe { avx2::round_f16(x, n) };
         return;
@@ -263,7 +263,7 @@ unsafe fn tile(
     acc: &mut [[f32; XT]; OCT],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if use_avx2(isa) {
+    if crate::ops::reduce::use_avx2(isa) {
         // SAFETY: AVX2/FMA present; the caller's contract.
         unsafe { avx2::tile(kb, w, col, acc) };
         return;
@@ -352,7 +352,7 @@ fn im2col(ctx: &NodeCtx, p: Im2colParams) -> Result<()> {
 /// `dst` holds `v.len()` writable values of `dtype`.
 unsafe fn store_row(isa: Isa, dtype: DType, v: &[f32], dst: *mut u8) {
     #[cfg(target_arch = "x86_64")]
-    if dtype == DType::F16 && use_avx2(isa) {
+    if dtype == DType::F16 && crate::ops::reduce::use_avx2(isa) {
         // SAFETY: AVX2/F16C present; the caller's contract.
         unsafe { avx2::store_f16(v, dst as *mut u16) };
         return;

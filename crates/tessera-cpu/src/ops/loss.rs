@@ -16,7 +16,7 @@
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
-use crate::ops::reduce::{row_offset, use_avx2};
+use crate::ops::reduce::row_offset;
 use crate::simd::Isa;
 
 /// Whether this family's kernels handle node `t` (types, layout); otherwise the fallback runs.
@@ -79,7 +79,7 @@ unsafe fn row_loss(
     dense: bool,
 ) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if dense && use_avx2(isa) {
+    if dense && crate::ops::reduce::use_avx2(isa) {
         // SAFETY: AVX2/FMA present; both rows dense.
         return unsafe { avx2::row_loss(px as *const f32, py as *const f32, n) };
     }

@@ -13,7 +13,6 @@
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
-use crate::ops::reduce::use_avx2;
 
 /// Most values per unit of work.
 const SEG: usize = 4096;
@@ -118,7 +117,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         let out = unsafe { ctx.dst.add(crate::ops::reduce::row_offset(d, r) + i0 * 4) } as *mut f32;
         let n = i1 - i0;
         #[cfg(target_arch = "x86_64")]
-        if dense && use_avx2(ctx.isa) {
+        if dense && crate::ops::reduce::use_avx2(ctx.isa) {
             // SAFETY: AVX2 present; every row dense with n values; `out` n writable f32.
             unsafe {
                 if adamw {
