@@ -177,7 +177,13 @@ impl Plan {
                 if t.op.can_inplace() && t.is_contiguous() {
                     let s0 = t.src[0];
                     let st = graph.tensor(s0);
+                    // another source reading s0's memory through a different view (a row of
+                    // it, say) would see values this node already overwrote
+                    let aliased = t.src[1..]
+                        .iter()
+                        .any(|&o| o != s0 && graph.storage_root(o).0 == s0);
                     if st.view_of.is_none()
+                        && !aliased
                         && last_use[s0.index()] == p
                         && matches!(
                             loc[s0.index()],
@@ -314,6 +320,21 @@ mod tests {
                 "t3[{i}]"
             );
         }
+    }
+
+    #[test]
+    fn no_in_place_when_another_source_views_the_first() {
+        // add(x, first row of x broadcast): writing x in place would change the row being read
+        let mut g = Graph::new();
+        let a = g.new_f32(&[4, 3]).unwrap();
+        let x = g.exp(a).unwrap();
+        let row = g.view(x, &[4, 1], &[16], 16).unwrap();
+        let y = g.add(x, row).unwrap();
+        let plan = Plan::new(&g, &[y]).unwrap();
+        assert!(plan.inplace.iter().all(|&(n, _)| n != y), "{:?}", plan.inplace);
+        let xx = g.add(x, x).unwrap(); // the same tensor twice is fine element-wise
+        let plan = Plan::new(&g, &[xx]).unwrap();
+        assert!(plan.inplace.contains(&(xx, x)));
     }
 
     #[test]
