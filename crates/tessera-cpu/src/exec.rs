@@ -3,6 +3,7 @@
 //! steady state: pointers come from the memory's address table and the plan's locations, the
 //! work buffer is grown once and reused.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -31,6 +32,8 @@ pub struct NodeCtx<'a> {
     pub wsize: usize,
     pub isa: Isa,
     pub pool: &'a ThreadPool,
+    /// Internal barriers this thread has passed in this node.
+    pub barriers_passed: Cell<usize>,
 }
 
 impl NodeCtx<'_> {
@@ -46,6 +49,15 @@ impl NodeCtx<'_> {
             node: format!("{} '{}'", self.id, self.t.name),
             msg: msg.into(),
         }
+    }
+
+    /// A barrier inside a node (between its phases). Every thread must pass the same number of
+    /// them for a node — [`crate::ops::barriers`] declares how many — and when a kernel fails or
+    /// panics half-way the executor passes the rest for it, so the other threads never wait
+    /// for a thread that left.
+    pub fn barrier(&self) {
+        self.barriers_passed.set(self.barriers_passed.get() + 1);
+        self.pool.barrier();
     }
 
     /// The contiguous range of `n` items this thread handles.
@@ -124,6 +136,7 @@ pub fn execute(
     wdata: usize,
     wsize: usize,
     kernel: fn(&NodeCtx) -> Result<()>,
+    barriers: fn(&NodeCtx) -> usize,
 ) -> Result<()> {
     validate(graph, plan, regions)?;
     let failed = AtomicBool::new(false);
@@ -159,8 +172,17 @@ pub fn execute(
                     wsize,
                     isa,
                     pool,
+                    barriers_passed: Cell::new(0),
                 };
-                match catch_unwind(AssertUnwindSafe(|| kernel(&ctx))) {
+                let outcome = catch_unwind(AssertUnwindSafe(|| kernel(&ctx)));
+                if !matches!(outcome, Ok(Ok(()))) {
+                    // pass the barriers the other threads still expect in this node
+                    let want = barriers(&ctx);
+                    while ctx.barriers_passed.get() < want {
+                        ctx.barrier();
+                    }
+                }
+                match outcome {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => record(e),
                     Err(p) => {
@@ -190,7 +212,7 @@ pub fn execute(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera::{Memory, Session};
+    use tessera::Session;
 
     fn chain(n: usize) -> (Session, TensorId, TensorId) {
         let mut g = Graph::new();
@@ -220,6 +242,7 @@ mod tests {
             0,
             0,
             kernel,
+            |_| 0,
         )
     }
 

@@ -117,6 +117,7 @@ impl Backend for CpuBackend {
             wdata,
             wsize,
             ops::compute,
+            ops::barriers,
         )
     }
 }

@@ -210,8 +210,9 @@ fn in_place_chains() {
     }
 }
 
-/// The planner may run `a op b` in place over `a` while `b` is a view of `a` (a row of it, a
-/// transposed view): `b` must be read as it was before the node started.
+/// `a op b` where `b` is a view of `a` (a row of it, a transposed view): the planner must not
+/// run it in place (it would overwrite what `b` still has to read), and the values must be
+/// right. (The kernel also copes with such an in-place node, should a plan ever make one.)
 #[test]
 fn in_place_over_a_source_that_b_views() {
     let mut rng = Rng::new(37);
@@ -225,7 +226,7 @@ fn in_place_over_a_source_that_b_views() {
             let y = op(&mut g, k, a, row);
             assert_fast(&g, y);
             let s = Session::new(g.clone(), &[y]).unwrap();
-            assert_eq!(s.plan().inplace.len(), 1, "{:?}", s.plan().inplace);
+            assert!(s.plan().inplace.is_empty(), "{:?}", s.plan().inplace);
             check(
                 g,
                 &[x],

@@ -136,6 +136,20 @@ pub fn work_size(graph: &Graph, t: &Tensor, _nth: usize) -> usize {
     }
 }
 
+/// Internal barriers `compute` passes for this node (the same on every thread).
+pub(crate) fn barriers(ctx: &NodeCtx) -> usize {
+    match ctx.t.op {
+        Op::Acc(_) | Op::Set(_) => 1,
+        _ => {
+            let (a, b) = (ctx.s(0), ctx.s(1));
+            let b_is_a = std::ptr::eq(ctx.src[0], ctx.src[1]) && b.ne == a.ne && b.nb == a.nb;
+            usize::from(
+                b_aliases_a(ctx.graph, ctx.t) && std::ptr::eq(ctx.dst, ctx.src[0]) && !b_is_a,
+            )
+        }
+    }
+}
+
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
     match ctx.t.op {
         Op::Acc(r) | Op::Set(r) => region(ctx, matches!(ctx.t.op, Op::Acc(_)), r),
@@ -174,7 +188,7 @@ fn elementwise(ctx: &NodeCtx) -> Result<()> {
                 }
             },
         );
-        ctx.pool.barrier();
+        ctx.barrier();
         b_dt = DType::F32;
         b_nb = tessera::shape::contiguous_nb(DType::F32, &b.ne);
         b_ptr = scratch as *const u8;
@@ -319,7 +333,7 @@ fn region(ctx: &NodeCtx, acc: bool, r: tessera::op::RegionParams) -> Result<()> 
             );
         }
     }
-    ctx.pool.barrier();
+    ctx.barrier();
     // phase 2: b's rows into the region
     let nrows = b.nrows();
     let ne0 = b.ne[0];

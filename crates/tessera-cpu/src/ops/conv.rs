@@ -141,7 +141,7 @@ fn conv_2d(ctx: &NodeCtx, p: Conv2dParams) -> Result<()> {
             }
         }
     }
-    ctx.pool.barrier();
+    ctx.barrier();
     // phase 2: units of (image, output row, column block)
     let (ow, oh, nimg) = (d.ne[0], d.ne[1], d.ne[3]);
     let (iw, ih) = (x.ne[0], x.ne[1]);

@@ -52,7 +52,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             *rows.add(r) = row_loss(ctx.isa, px, x.nb[0], py, y.nb[0], n, dense);
         }
     }
-    ctx.pool.barrier();
+    ctx.barrier();
     if ctx.ith == 0 {
         let mut total = 0f64;
         for r in 0..nrows {

@@ -380,7 +380,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 }
             }
         }
-        ctx.pool.barrier();
+        ctx.barrier();
         (ctx.wdata as *const u8, bc)
     } else {
         (ctx.src[1], b0.clone())

@@ -129,7 +129,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             }
         }
     }
-    ctx.pool.barrier();
+    ctx.barrier();
     // Phase 2: rows of a split across threads.
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let row_bytes = a.dtype.row_size(k).expect("validated");

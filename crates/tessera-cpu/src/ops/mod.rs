@@ -148,6 +148,23 @@ pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
     }
 }
 
+/// Internal barriers a node's kernel passes on every thread (see [`NodeCtx::barrier`]).
+pub fn barriers(ctx: &NodeCtx) -> usize {
+    if !fast_path(ctx.graph, ctx.t) {
+        return 0;
+    }
+    let s0 = ctx.s(0);
+    match &ctx.t.op {
+        Op::MulMat if s0.dtype.is_quantized() => 1,
+        Op::MulMat if s0.dtype != DType::F32 => 1, // b converted to the weights' type first
+        Op::Sum | Op::CountEqual | Op::Conv2d(_) | Op::CrossEntropyLoss => 1,
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Add1 | Op::Acc(_) | Op::Set(_) => {
+            binary::barriers(ctx)
+        }
+        _ => 0,
+    }
+}
+
 /// Computes this thread's share of one node.
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
     if !fast_path(ctx.graph, ctx.t) {

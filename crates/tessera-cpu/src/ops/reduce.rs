@@ -228,7 +228,7 @@ fn sum_all(ctx: &NodeCtx) -> Result<()> {
         // c belongs to this thread.
         unsafe { *partial.add(c) = acc };
     }
-    ctx.pool.barrier();
+    ctx.barrier();
     if ctx.ith == 0 {
         let mut total = 0f64;
         for c in 0..chunks {
@@ -321,7 +321,7 @@ fn count_equal(ctx: &NodeCtx) -> Result<()> {
     let slots = ctx.wdata as *mut u64;
     // SAFETY: the work buffer holds nth slots of 64 bytes; slot ith is this thread's.
     unsafe { *slots.add(ctx.ith * 8) = count };
-    ctx.pool.barrier();
+    ctx.barrier();
     if ctx.ith == 0 {
         let mut total = 0u64;
         for t in 0..ctx.nth {
