@@ -1,0 +1,225 @@
+//! An inference context: a KV cache, the graphs planned for each batch shape, and `eval`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tessera::{Backend, Buffer, DType, ReferenceBackend, Session};
+use tessera_cpu::CpuBackend;
+
+use crate::error::{LlmError, Result};
+use crate::graph::{build, BuiltGraph, Shape, KV_PAD};
+use crate::model::Model;
+
+/// Prompts are processed in batches of at most this many tokens.
+pub const DEFAULT_BATCH: usize = 512;
+
+struct Planned {
+    built: BuiltGraph,
+    session: Session,
+}
+
+/// Options of a context.
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    /// Positions the KV cache holds.
+    pub n_ctx: usize,
+    /// Largest batch of prompt tokens per graph execution.
+    pub n_batch: usize,
+    /// Threads of the CPU backend.
+    pub n_threads: usize,
+    /// Type of the KV cache: f16 (llama.cpp's default) or f32.
+    pub kv_type: DType,
+    /// Run on the f64 reference backend instead of the CPU backend (slow; for checking).
+    pub reference: bool,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams {
+            n_ctx: 4096,
+            n_batch: DEFAULT_BATCH,
+            n_threads: tessera_cpu::default_threads(),
+            kv_type: DType::F16,
+            reference: false,
+        }
+    }
+}
+
+pub struct Context {
+    pub model: Arc<Model>,
+    pub params: ContextParams,
+    backend: Box<dyn Backend>,
+    graphs: HashMap<Shape, Planned>,
+    /// The cache buffers when no session holds them, per layer (k, v).
+    free_cache: Option<Vec<(Buffer, Buffer)>>,
+    /// The shape whose session holds the cache buffers.
+    cache_home: Option<Shape>,
+    n_past: usize,
+    logits: Vec<f32>,
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Context> {
+        if params.n_ctx == 0 || params.n_batch == 0 {
+            return Err(LlmError::Invalid(
+                "context and batch sizes must be positive".into(),
+            ));
+        }
+        if !matches!(params.kv_type, DType::F16 | DType::F32) {
+            return Err(LlmError::Unsupported(format!(
+                "KV cache type {} (f16 or f32)",
+                params.kv_type
+            )));
+        }
+        let hp = &model.hp;
+        let bytes = params
+            .kv_type
+            .row_size(hp.head_dim * hp.n_head_kv)
+            .and_then(|r| r.checked_mul(params.n_ctx))
+            .ok_or_else(|| LlmError::Invalid("KV cache size overflows".into()))?;
+        let cache = (0..hp.n_layer)
+            .map(|_| (Buffer::zeroed(bytes), Buffer::zeroed(bytes)))
+            .collect();
+        Ok(Context {
+            backend: if params.reference {
+                Box::new(ReferenceBackend)
+            } else {
+                Box::new(CpuBackend::new(params.n_threads))
+            },
+            model,
+            params,
+            graphs: HashMap::new(),
+            free_cache: Some(cache),
+            cache_home: None,
+            n_past: 0,
+            logits: Vec::new(),
+        })
+    }
+
+    /// Tokens already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets the cache contents (positions start at 0 again).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Drops cache positions from `n` on (keeps the first `n`).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.params.n_threads
+    }
+
+    /// Runs `tokens` (appended after the cache's contents) through the model. Returns the logits
+    /// of the last token, or of every token when `all_logits` (row `i` = `n_vocab` values).
+    pub fn eval(&mut self, tokens: &[u32], all_logits: bool) -> Result<&[f32]> {
+        let n_ctx = self.params.n_ctx;
+        if tokens.is_empty() {
+            return Err(LlmError::Invalid("eval of no tokens".into()));
+        }
+        if self.n_past + tokens.len() > n_ctx {
+            return Err(LlmError::ContextFull {
+                n_ctx,
+                n_past: self.n_past,
+                n_new: tokens.len(),
+            });
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(LlmError::Invalid(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab}"
+            )));
+        }
+        let mut out = Vec::new();
+        let n_batch = self.params.n_batch;
+        let n_chunks = tokens.len().div_ceil(n_batch);
+        for (ci, chunk) in tokens.chunks(n_batch).enumerate() {
+            let t = chunk.len();
+            let n_past = self.n_past;
+            let end = n_past + t;
+            let n_kv = end.next_multiple_of(KV_PAD).min(n_ctx);
+            let shape = Shape {
+                n_tokens: t,
+                n_kv,
+                all_logits,
+            };
+            let Context {
+                model,
+                params,
+                backend,
+                graphs,
+                free_cache,
+                cache_home,
+                logits,
+                ..
+            } = self;
+            let p = planned(graphs, model, params, free_cache, cache_home, shape)?;
+            let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
+            let pos: Vec<i32> = (n_past..end).map(|x| x as i32).collect();
+            p.session.set_i32(p.built.tokens, &ids)?;
+            p.session.set_i32(p.built.pos, &pos)?;
+            let mut mask = vec![f32::NEG_INFINITY; n_kv * t];
+            for i in 0..t {
+                mask[i * n_kv..i * n_kv + n_past + i + 1].fill(0.0);
+            }
+            p.session.set_f32(p.built.mask, &mask)?;
+            p.session.compute(backend.as_ref())?;
+            p.session.read_f32_into(p.built.logits, logits)?;
+            if all_logits || ci + 1 == n_chunks {
+                out.extend_from_slice(logits);
+            }
+            self.n_past = end;
+        }
+        self.logits = out;
+        Ok(&self.logits)
+    }
+}
+
+/// The planned graph of `shape` (built on first use), holding the cache buffers.
+fn planned<'a>(
+    graphs: &'a mut HashMap<Shape, Planned>,
+    model: &Model,
+    params: &ContextParams,
+    free_cache: &mut Option<Vec<(Buffer, Buffer)>>,
+    cache_home: &mut Option<Shape>,
+    shape: Shape,
+) -> Result<&'a mut Planned> {
+    if !graphs.contains_key(&shape) {
+        let built = build(model, shape, params.n_ctx, params.kv_type)?;
+        let mut session = Session::new(built.graph.clone(), &[built.logits])?;
+        for (id, name) in &built.weights {
+            let t = model.tensor(name)?;
+            let (bytes, off) = model.tensor_bytes(t);
+            session.bind_external(*id, bytes, off)?;
+        }
+        graphs.insert(shape, Planned { built, session });
+    }
+    // move the cache buffers into this session
+    if *cache_home != Some(shape) {
+        let cache = match cache_home.take() {
+            Some(home) => {
+                let p = graphs.get_mut(&home).expect("home session exists");
+                let mut c = Vec::with_capacity(p.built.cache.len());
+                for &(k, v) in &p.built.cache {
+                    c.push((p.session.take_buffer(k)?, p.session.take_buffer(v)?));
+                }
+                c
+            }
+            None => free_cache
+                .take()
+                .expect("the cache is either free or in a session"),
+        };
+        let p = graphs.get_mut(&shape).expect("just planned");
+        for (&(k, v), (kb, vb)) in p.built.cache.iter().zip(cache) {
+            p.session.put_buffer(k, kb)?;
+            p.session.put_buffer(v, vb)?;
+        }
+        *cache_home = Some(shape);
+    }
+    Ok(graphs.get_mut(&shape).expect("just planned"))
+}

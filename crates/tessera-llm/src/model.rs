@@ -1,0 +1,311 @@
+//! A GGUF language model: architecture and hyper-parameters from the metadata, weights as
+//! zero-copy views into the memory-mapped file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tessera::{DType, ExternalBytes};
+use tessera_gguf::{GgufFile, TensorInfo, Value};
+
+use crate::error::{LlmError, Result};
+use crate::tokenizer::Tokenizer;
+
+/// The architectures we build graphs for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// llama, SmolLM2, TinyLlama, Llama 3.x, Mistral.
+    Llama,
+    /// qwen2: llama with Q/K/V biases and neox rope.
+    Qwen2,
+    /// gpt2: learned positions, LayerNorm with bias, GELU, fused QKV.
+    Gpt2,
+}
+
+impl Arch {
+    pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen2", "gpt2"];
+
+    fn from_name(name: &str) -> Option<Arch> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "gpt2" => Some(Arch::Gpt2),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Gpt2 => "gpt2",
+        }
+    }
+}
+
+/// Hyper-parameters read from `<arch>.*` keys.
+#[derive(Clone, Debug)]
+pub struct HParams {
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+    /// ggml rope mode: 0 normal (llama), 2 neox (qwen2).
+    pub rope_mode: i32,
+    /// YaRN / llama3 scaling, when the metadata asks for it.
+    pub rope_scaling: RopeScaling,
+    pub n_ctx_orig: usize,
+    pub norm_eps: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    Linear,
+    Yarn {
+        ext_factor: f32,
+        attn_factor: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+    },
+}
+
+/// The memory-mapped file, shared by every session that binds its weights.
+struct Mapped(Arc<GgufFile>);
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+pub struct Model {
+    pub file: Arc<GgufFile>,
+    pub arch: Arch,
+    pub hp: HParams,
+    pub tokenizer: Tokenizer,
+    pub name: String,
+    bytes: ExternalBytes,
+}
+
+fn get_u(f: &GgufFile, key: &str) -> Result<usize> {
+    f.get(key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| LlmError::MissingKey(key.to_string()))
+}
+
+fn get_f(f: &GgufFile, key: &str) -> Option<f32> {
+    f.get(key).and_then(Value::as_f64).map(|v| v as f32)
+}
+
+impl Model {
+    /// Opens a GGUF model (memory-mapped: weights are never copied).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        let path = path.as_ref();
+        let file =
+            GgufFile::open(path).map_err(|e| LlmError::File(format!("{}: {e}", path.display())))?;
+        Model::from_file(Arc::new(file))
+    }
+
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Model> {
+        let f = &*file;
+        let arch_name = f
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| LlmError::MissingKey("general.architecture".into()))?
+            .to_string();
+        let arch = Arch::from_name(&arch_name).ok_or_else(|| LlmError::UnsupportedArch {
+            arch: arch_name.clone(),
+            supported: Arch::SUPPORTED.join(", "),
+        })?;
+        let a = arch_name.as_str();
+        let tokenizer = Tokenizer::from_gguf(f).map_err(|e| LlmError::Tokenizer(e.to_string()))?;
+        let n_embd = get_u(f, &format!("{a}.embedding_length"))?;
+        let n_head = get_u(f, &format!("{a}.attention.head_count"))?;
+        let n_head_kv = get_u(f, &format!("{a}.attention.head_count_kv")).unwrap_or(n_head);
+        let head_dim = get_u(f, &format!("{a}.attention.key_length")).unwrap_or(n_embd / n_head);
+        let n_rot = get_u(f, &format!("{a}.rope.dimension_count")).unwrap_or(head_dim);
+        let n_vocab = match get_u(f, &format!("{a}.vocab_size")) {
+            Ok(v) => v,
+            Err(_) => tokenizer.n_vocab(),
+        };
+        let norm_eps = match arch {
+            Arch::Gpt2 => get_f(f, &format!("{a}.attention.layer_norm_epsilon")).unwrap_or(1e-5),
+            _ => get_f(f, &format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        };
+        let n_ctx_train = get_u(f, &format!("{a}.context_length")).unwrap_or(2048);
+        let scaling_type = f
+            .get(&format!("{a}.rope.scaling.type"))
+            .and_then(Value::as_str)
+            .unwrap_or("none");
+        let scale_factor = get_f(f, &format!("{a}.rope.scaling.factor")).unwrap_or(0.0);
+        let mut rope_freq_scale = if scale_factor > 0.0 {
+            1.0 / scale_factor
+        } else {
+            1.0
+        };
+        let rope_scaling = match scaling_type {
+            "none" => {
+                rope_freq_scale = 1.0;
+                RopeScaling::None
+            }
+            "linear" => RopeScaling::Linear,
+            "yarn" => RopeScaling::Yarn {
+                ext_factor: 1.0,
+                attn_factor: get_f(f, &format!("{a}.rope.scaling.attn_factor")).unwrap_or(1.0),
+                beta_fast: get_f(f, &format!("{a}.rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
+                beta_slow: get_f(f, &format!("{a}.rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+            },
+            other => {
+                return Err(LlmError::Unsupported(format!(
+                    "rope scaling type '{other}'"
+                )))
+            }
+        };
+        let hp = HParams {
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer: get_u(f, &format!("{a}.block_count"))?,
+            n_head,
+            n_head_kv,
+            n_ff: get_u(f, &format!("{a}.feed_forward_length"))?,
+            head_dim,
+            n_rot,
+            rope_freq_base: get_f(f, &format!("{a}.rope.freq_base")).unwrap_or(10000.0),
+            rope_freq_scale,
+            rope_mode: if arch == Arch::Qwen2 { 2 } else { 0 },
+            rope_scaling,
+            n_ctx_orig: get_u(f, &format!("{a}.rope.scaling.original_context_length"))
+                .unwrap_or(n_ctx_train),
+            norm_eps,
+        };
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(LlmError::Invalid(format!(
+                "{n_head} heads cannot share {n_head_kv} KV heads"
+            )));
+        }
+        let name = f
+            .get("general.name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let bytes: ExternalBytes = Arc::new(Mapped(Arc::clone(&file)));
+        let m = Model {
+            file,
+            arch,
+            hp,
+            tokenizer,
+            name,
+            bytes,
+        };
+        m.check_tensors()?;
+        Ok(m)
+    }
+
+    /// The tensor `name`, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.file
+            .tensor(name)
+            .ok_or_else(|| LlmError::MissingTensor(name.to_string()))
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    /// Where a tensor's bytes are: the shared map and the absolute offset.
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> (ExternalBytes, usize) {
+        (Arc::clone(&self.bytes), self.file.data_offset + t.offset)
+    }
+
+    /// Checks that every tensor the graph needs exists with the shape it needs.
+    fn check_tensors(&self) -> Result<()> {
+        let hp = &self.hp;
+        let want = |name: &str, ne: &[usize]| -> Result<()> {
+            let t = self.tensor(name)?;
+            if t.shape() != ne {
+                return Err(LlmError::Invalid(format!(
+                    "tensor {name} has shape {:?}, the model's hyper-parameters need {ne:?}",
+                    t.shape()
+                )));
+            }
+            Ok(())
+        };
+        let (e, q, kv) = (
+            hp.n_embd,
+            hp.n_head * hp.head_dim,
+            hp.n_head_kv * hp.head_dim,
+        );
+        want("token_embd.weight", &[e, hp.n_vocab])?;
+        for l in 0..hp.n_layer {
+            let p = format!("blk.{l}");
+            match self.arch {
+                Arch::Llama | Arch::Qwen2 => {
+                    want(&format!("{p}.attn_norm.weight"), &[e])?;
+                    want(&format!("{p}.attn_q.weight"), &[e, q])?;
+                    want(&format!("{p}.attn_k.weight"), &[e, kv])?;
+                    want(&format!("{p}.attn_v.weight"), &[e, kv])?;
+                    want(&format!("{p}.attn_output.weight"), &[q, e])?;
+                    want(&format!("{p}.ffn_norm.weight"), &[e])?;
+                    want(&format!("{p}.ffn_gate.weight"), &[e, hp.n_ff])?;
+                    want(&format!("{p}.ffn_up.weight"), &[e, hp.n_ff])?;
+                    want(&format!("{p}.ffn_down.weight"), &[hp.n_ff, e])?;
+                }
+                Arch::Gpt2 => {
+                    want(&format!("{p}.attn_norm.weight"), &[e])?;
+                    want(&format!("{p}.attn_norm.bias"), &[e])?;
+                    want(&format!("{p}.attn_qkv.weight"), &[e, 3 * e])?;
+                    want(&format!("{p}.attn_qkv.bias"), &[3 * e])?;
+                    want(&format!("{p}.attn_output.weight"), &[e, e])?;
+                    want(&format!("{p}.attn_output.bias"), &[e])?;
+                    want(&format!("{p}.ffn_norm.weight"), &[e])?;
+                    want(&format!("{p}.ffn_norm.bias"), &[e])?;
+                    want(&format!("{p}.ffn_up.weight"), &[e, hp.n_ff])?;
+                    want(&format!("{p}.ffn_up.bias"), &[hp.n_ff])?;
+                    want(&format!("{p}.ffn_down.weight"), &[hp.n_ff, e])?;
+                    want(&format!("{p}.ffn_down.bias"), &[e])?;
+                }
+            }
+        }
+        want("output_norm.weight", &[e])?;
+        if self.has_tensor("output.weight") {
+            want("output.weight", &[e, hp.n_vocab])?;
+        }
+        if self.arch == Arch::Gpt2 {
+            want("position_embd.weight", &[e, hp.n_ctx_train])?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of all weights (the mapped size that matters for memory and bandwidth).
+    pub fn weight_bytes(&self) -> usize {
+        self.file.tensors.iter().map(|t| t.size).sum()
+    }
+
+    /// Number of parameters.
+    pub fn n_params(&self) -> usize {
+        self.file.tensors.iter().map(|t| t.n_elements()).sum()
+    }
+
+    /// A short description of the quantization (the type of most weight bytes).
+    pub fn main_type(&self) -> DType {
+        let mut by: Vec<(DType, usize)> = Vec::new();
+        for t in &self.file.tensors {
+            match by.iter_mut().find(|(d, _)| *d == t.dtype) {
+                Some(e) => e.1 += t.size,
+                None => by.push((t.dtype, t.size)),
+            }
+        }
+        by.into_iter()
+            .max_by_key(|&(_, s)| s)
+            .map_or(DType::F32, |(d, _)| d)
+    }
+}
