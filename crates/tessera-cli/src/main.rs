@@ -3,6 +3,7 @@
 mod alloc_count;
 mod bench;
 mod conformance;
+mod llm_cmd;
 
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
@@ -26,6 +27,67 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Generate text with a GGUF model (streams the continuation).
+    Run {
+        #[command(flatten)]
+        model: llm_cmd::ModelArgs,
+        #[command(flatten)]
+        sample: llm_cmd::SampleArgs,
+        /// The prompt.
+        #[arg(short = 'p', long = "prompt", default_value = "Once upon a time")]
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+        n: usize,
+        /// Wrap the prompt in the model's chat template as a user message.
+        #[arg(long)]
+        chat: bool,
+        /// Print the generated token ids on stderr when done.
+        #[arg(long)]
+        ids: bool,
+    },
+    /// Chat interactively with the model's chat template and the conversation's history.
+    Chat {
+        #[command(flatten)]
+        model: llm_cmd::ModelArgs,
+        #[command(flatten)]
+        sample: llm_cmd::SampleArgs,
+        /// Tokens per reply at most.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+        n: usize,
+    },
+    /// Print the token ids of a text.
+    Tokenize {
+        #[command(flatten)]
+        model: llm_cmd::ModelArgs,
+        #[arg(short = 'p', long = "prompt")]
+        prompt: String,
+    },
+    /// Perplexity of a text, computed as llama.cpp does.
+    Perplexity {
+        #[command(flatten)]
+        model: llm_cmd::ModelArgs,
+        /// The text file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Prompt processing and generation speed, like llama-bench.
+    Bench {
+        #[command(flatten)]
+        model: llm_cmd::ModelArgs,
+        #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+        n_prompt: usize,
+        #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+        n_gen: usize,
+        /// Thread counts, comma separated.
+        #[arg(long = "bench-threads", value_delimiter = ',', default_value = "1,2")]
+        bench_threads: Vec<usize>,
+        #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+        reps: usize,
+        /// llama-bench's JSON fields instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a GGUF file's metadata (every key and value) and its tensor table.
     Info {
         /// The GGUF file.
@@ -68,7 +130,40 @@ fn open(path: &PathBuf) -> Result<GgufFile, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let llm = |r: llm_cmd::CmdResult| match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            ExitCode::from(1)
+        }
+    };
     match cli.cmd {
+        Cmd::Run {
+            model,
+            sample,
+            prompt,
+            n,
+            chat,
+            ids,
+        } => llm(llm_cmd::run(&model, &sample, &prompt, n, chat, ids)),
+        Cmd::Chat { model, sample, n } => llm(llm_cmd::chat_loop(&model, &sample, n)),
+        Cmd::Tokenize { model, prompt } => llm(llm_cmd::tokenize(&model, &prompt)),
+        Cmd::Perplexity { model, file } => llm(llm_cmd::perplexity(&model, &file)),
+        Cmd::Bench {
+            model,
+            n_prompt,
+            n_gen,
+            bench_threads,
+            reps,
+            json,
+        } => llm(llm_cmd::bench(
+            &model,
+            n_prompt,
+            n_gen,
+            &bench_threads,
+            reps,
+            json,
+        )),
         Cmd::Info { file } => match open(&file) {
             Ok(f) => {
                 print!("{}", tessera_gguf::dump(&f));
