@@ -139,32 +139,57 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
             let d_off = i2 * d.nb[2] + i3 * d.nb[3];
             let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
-            for im in rows.clone() {
-                // SAFETY: row `im` of a lies in its validated span; dst[im, ..] of this batch is
-                // written by this thread only; the quantized columns were finished before the
-                // barrier.
+            let mut im = rows.start;
+            while im < rows.end {
+                // four rows at a time share each activation load (the integer kernels compute
+                // every row exactly as the one-row kernel does, so the split does not matter)
+                let group = if has_int_kernel(a.dtype) && im + 4 <= rows.end {
+                    4
+                } else {
+                    1
+                };
+                // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
+                // batch is written by this thread only; the quantized columns were finished
+                // before the barrier.
                 unsafe {
-                    let arow =
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + im * a.nb[1]), row_bytes);
-                    if !has_int_kernel(a.dtype) {
-                        tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
-                            .map_err(|e| ctx.err(e.to_string()))?;
-                    }
-                    for j in 0..n {
-                        let col = col0 + j;
-                        let v = if has_int_kernel(a.dtype) {
+                    let row = |r: usize| {
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                    };
+                    if group == 4 {
+                        let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
+                        for j in 0..n {
+                            let col = col0 + j;
                             let q = std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
-                            vec_dot(ctx.isa, a.dtype, arow, q, k)
-                        } else {
-                            let act = std::slice::from_raw_parts(
-                                (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
-                                k,
-                            );
-                            dot_f32(ctx.isa, tmp, act)
-                        };
-                        *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                            let v = vec_dot4(ctx.isa, a.dtype, ws, q, k);
+                            let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
+                            for (r, &x) in v.iter().enumerate() {
+                                *out.add(r) = x;
+                            }
+                        }
+                    } else {
+                        let arow = row(im);
+                        if !has_int_kernel(a.dtype) {
+                            tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
+                                .map_err(|e| ctx.err(e.to_string()))?;
+                        }
+                        for j in 0..n {
+                            let col = col0 + j;
+                            let v = if has_int_kernel(a.dtype) {
+                                let q =
+                                    std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
+                                vec_dot(ctx.isa, a.dtype, arow, q, k)
+                            } else {
+                                let act = std::slice::from_raw_parts(
+                                    (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
+                                    k,
+                                );
+                                dot_f32(ctx.isa, tmp, act)
+                            };
+                            *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                        }
                     }
                 }
+                im += group;
             }
         }
     }
@@ -186,6 +211,16 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     }
     let _ = isa;
     vec_dot_scalar(t, w, x, k)
+}
+
+/// Four weight rows against one activation row; each result is bit-identical to `vec_dot`'s.
+pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: as in `vec_dot`.
+        return unsafe { avx2::vec_dot4(t, w, x, k) };
+    }
+    w.map(|r| vec_dot(isa, t, r, x, k))
 }
 
 /// The reference (scalar) integer dot products.
@@ -256,7 +291,8 @@ mod avx2 {
     use std::arch::x86_64::*;
     use tessera::DType;
 
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(v: __m256) -> f32 {
         // SAFETY: register arithmetic only.
         unsafe {
@@ -266,14 +302,20 @@ mod avx2 {
         }
     }
 
-    #[inline(always)]
+    /// One f16 at `p` as f32, with F16C (no call, no feature check).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn f16(p: *const u8) -> f32 {
-        // SAFETY: two readable bytes at p.
-        half::f16::from_bits(unsafe { (p as *const u16).read_unaligned() }).to_f32()
+        // SAFETY: two readable bytes at p; F16C is enabled in every caller.
+        unsafe {
+            let bits = (p as *const u16).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
     }
 
     /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn nibbles(p: *const u8) -> __m256i {
         // SAFETY: 16 readable bytes at p.
         unsafe {
@@ -285,7 +327,8 @@ mod avx2 {
     }
 
     /// Σ x·y of 32 signed bytes each, as 8 i32 lanes → f32.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256 {
         // SAFETY: register arithmetic only.
         unsafe {
@@ -296,7 +339,7 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         let nb = k / 32;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
@@ -336,6 +379,74 @@ mod avx2 {
                         acc = _mm256_fmadd_ps(d, dot_i8(q, y), acc);
                     }
                     hsum(acc)
+                }
+                _ => unreachable!("no integer kernel for {t}"),
+            }
+        }
+    }
+
+    /// `vec_dot` for four rows at once, each with its own accumulator and the same sequence of
+    /// operations as `vec_dot`, so the results are identical.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot4(t: DType, w: [&[u8]; 4], x: &[u8], k: usize) -> [f32; 4] {
+        let nb = k / 32;
+        let xp = x.as_ptr();
+        let wp = w.map(|r| r.as_ptr());
+        // SAFETY: every row and x hold nb blocks of their formats.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            match t {
+                DType::Q4_0 => {
+                    for i in 0..nb {
+                        let xb = xp.add(i * 34);
+                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                        let dx = f16(xb);
+                        for r in 0..4 {
+                            let wb = wp[r].add(i * 18);
+                            let d = _mm256_set1_ps(f16(wb) * dx);
+                            let q = _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8));
+                            acc[r] = _mm256_fmadd_ps(d, dot_i8(q, y), acc[r]);
+                        }
+                    }
+                    acc.map(|a| hsum(a))
+                }
+                DType::Q4_1 => {
+                    let mut summs = [0f32; 4];
+                    for i in 0..nb {
+                        let xb = xp.add(i * 36);
+                        let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
+                        let (dx, sx) = (f16(xb), f16(xb.add(2)));
+                        for r in 0..4 {
+                            let wb = wp[r].add(i * 20);
+                            summs[r] += f16(wb.add(2)) * sx;
+                            let d = _mm256_set1_ps(f16(wb) * dx);
+                            let p = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(nibbles(wb.add(4)), y),
+                                _mm256_set1_epi16(1),
+                            );
+                            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                        }
+                    }
+                    [
+                        hsum(acc[0]) + summs[0],
+                        hsum(acc[1]) + summs[1],
+                        hsum(acc[2]) + summs[2],
+                        hsum(acc[3]) + summs[3],
+                    ]
+                }
+                DType::Q8_0 => {
+                    for i in 0..nb {
+                        let xb = xp.add(i * 34);
+                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                        let dx = f16(xb);
+                        for r in 0..4 {
+                            let wb = wp[r].add(i * 34);
+                            let d = _mm256_set1_ps(f16(wb) * dx);
+                            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                            acc[r] = _mm256_fmadd_ps(d, dot_i8(q, y), acc[r]);
+                        }
+                    }
+                    acc.map(|a| hsum(a))
                 }
                 _ => unreachable!("no integer kernel for {t}"),
             }
@@ -436,6 +547,11 @@ mod tests {
                     "{t} case {case}: scalar {want} vs exact {exact}"
                 );
                 let got = vec_dot(crate::simd::isa(), t, &w, &x, k);
+                let four = vec_dot4(crate::simd::isa(), t, [&w, &w, &w, &w], &x, k);
+                assert!(
+                    four.iter().all(|v| v.to_bits() == got.to_bits()),
+                    "{t}: vec_dot4 {four:?} vs {got}"
+                );
                 assert!(
                     ((got - want) as f64).abs() / scale < 1e-5,
                     "{t} case {case}: simd {got} vs scalar {want}"
