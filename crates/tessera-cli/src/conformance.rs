@@ -189,7 +189,7 @@ pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId,
         }
         "flash_attn_ext" => {
             need(3)?;
-            g.flash_attn_ext(
+            let fa = e(g.flash_attn_ext(
                 ins[0],
                 ins[1],
                 ins[2],
@@ -197,7 +197,10 @@ pub fn build_case(g: &mut Graph, d: &Desc, ins: &[TensorId]) -> Result<TensorId,
                 d.f32("scale")?,
                 d.f32("max_bias")?,
                 d.f32("logit_softcap")?,
-            )
+            ))?;
+            // the golden output was computed by ggml's CPU backend: reproduce its arithmetic
+            e(g.set_flash_attn_precision(fa, tessera::op::AttnPrecision::GgmlCpu))?;
+            Ok(fa)
         }
         "cross_entropy_loss" => {
             need(2)?;

@@ -29,6 +29,10 @@ pub struct ModelArgs {
     /// Type of the KV cache: f16 (llama.cpp's default) or f32.
     #[arg(long = "cache-type", default_value = "f16")]
     pub cache_type: String,
+    /// Attention arithmetic: `ggml` (ggml's CPU algorithm, f16 rounding: matches llama.cpp token
+    /// for token) or `f32` (more precise).
+    #[arg(long = "attn-precision", default_value = "ggml")]
+    pub attn_precision: String,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -90,7 +94,13 @@ pub fn load(args: &ModelArgs) -> Result<(Arc<Model>, ContextParams), String> {
         "f32" => DType::F32,
         t => return Err(format!("--cache-type {t}: f16 or f32")),
     };
+    let attn_precision = match args.attn_precision.as_str() {
+        "ggml" => tessera::op::AttnPrecision::GgmlCpu,
+        "f32" => tessera::op::AttnPrecision::F32,
+        t => return Err(format!("--attn-precision {t}: ggml or f32")),
+    };
     let params = ContextParams {
+        attn_precision,
         n_ctx: args.ctx,
         n_batch: args.batch,
         n_threads: args

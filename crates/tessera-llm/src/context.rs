@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use tessera::op::AttnPrecision;
 use tessera::{Backend, Buffer, DType, ReferenceBackend, Session};
 use tessera_cpu::CpuBackend;
 
@@ -31,6 +32,9 @@ pub struct ContextParams {
     pub kv_type: DType,
     /// Run on the f64 reference backend instead of the CPU backend (slow; for checking).
     pub reference: bool,
+    /// Attention arithmetic: ggml's CPU algorithm (the default, so outputs match llama.cpp's
+    /// token for token) or full f32 precision.
+    pub attn_precision: AttnPrecision,
 }
 
 impl Default for ContextParams {
@@ -41,6 +45,7 @@ impl Default for ContextParams {
             n_threads: tessera_cpu::default_threads(),
             kv_type: DType::F16,
             reference: false,
+            attn_precision: AttnPrecision::GgmlCpu,
         }
     }
 }
@@ -190,7 +195,13 @@ fn planned<'a>(
     shape: Shape,
 ) -> Result<&'a mut Planned> {
     if !graphs.contains_key(&shape) {
-        let built = build(model, shape, params.n_ctx, params.kv_type)?;
+        let built = build(
+            model,
+            shape,
+            params.n_ctx,
+            params.kv_type,
+            params.attn_precision,
+        )?;
         let mut session = Session::new(built.graph.clone(), &[built.logits])?;
         for (id, name) in &built.weights {
             let t = model.tensor(name)?;

@@ -5,7 +5,7 @@
 //! position), written with `set_rows` at the batch's positions and read through strided views of
 //! its first `n_kv` rows; sessions hand the cache buffers to each other when the shape changes.
 
-use tessera::op::RopeParams;
+use tessera::op::{AttnPrecision, RopeParams};
 use tessera::{DType, Graph, TensorId};
 
 use crate::error::Result;
@@ -87,7 +87,13 @@ impl Builder<'_> {
 }
 
 /// Builds the graph of `model` for `shape`, with a KV cache of `n_ctx` rows of `kv_type`.
-pub fn build(model: &Model, shape: Shape, n_ctx: usize, kv_type: DType) -> Result<BuiltGraph> {
+pub fn build(
+    model: &Model,
+    shape: Shape,
+    n_ctx: usize,
+    kv_type: DType,
+    attn: AttnPrecision,
+) -> Result<BuiltGraph> {
     let hp = &model.hp;
     let (t, n_kv) = (shape.n_tokens, shape.n_kv);
     let (hd, nh, nkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
@@ -204,9 +210,10 @@ pub fn build(model: &Model, shape: Shape, n_ctx: usize, kv_type: DType) -> Resul
         let kview = b.g.view(kw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
         let vview = b.g.view(vw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
         let qp = b.g.permute(q, [0, 2, 1, 3])?; // [hd, t, nh]
-        let attn =
+        let fa =
             b.g.flash_attn_ext(qp, kview, vview, Some(mask), kq_scale, 0.0, 0.0)?; // [hd, nh, t]
-        let attn = b.g.reshape(attn, &[hd * nh, t])?;
+        b.g.set_flash_attn_precision(fa, attn)?;
+        let attn = b.g.reshape(fa, &[hd * nh, t])?;
         let o = b.linear(
             &format!("{p}.attn_output.weight"),
             attn,

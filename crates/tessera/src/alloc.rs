@@ -331,7 +331,11 @@ mod tests {
         let row = g.view(x, &[4, 1], &[16], 16).unwrap();
         let y = g.add(x, row).unwrap();
         let plan = Plan::new(&g, &[y]).unwrap();
-        assert!(plan.inplace.iter().all(|&(n, _)| n != y), "{:?}", plan.inplace);
+        assert!(
+            plan.inplace.iter().all(|&(n, _)| n != y),
+            "{:?}",
+            plan.inplace
+        );
         let xx = g.add(x, x).unwrap(); // the same tensor twice is fine element-wise
         let plan = Plan::new(&g, &[xx]).unwrap();
         assert!(plan.inplace.contains(&(xx, x)));

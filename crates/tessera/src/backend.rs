@@ -403,7 +403,11 @@ impl Session {
         }
         let bytes = self.mem.tensor_bytes(&self.graph, &self.plan, id)?;
         out.clear();
-        out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
         Ok(())
     }
 

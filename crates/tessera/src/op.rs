@@ -2,7 +2,7 @@
 //! (ggml packs them into `op_params` bytes; we do not). Each op family's shape rule, builder,
 //! reference kernel (and later backward rule) live in `ops/<family>.rs`.
 
-pub use crate::ops::attention::FlashAttnParams;
+pub use crate::ops::attention::{AttnPrecision, FlashAttnParams};
 pub use crate::ops::conv::{Conv2dParams, Im2colParams, Pool2dParams, PoolKind};
 pub use crate::ops::glu::GluKind;
 pub use crate::ops::misc::UpscaleMode;

@@ -70,13 +70,13 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
 }
 
 /// Bytes of work buffer per thread: one block accumulator of `Dv` f32.
-fn per_thread(dv: usize) -> usize {
-    (dv * 4).next_multiple_of(64)
+fn per_thread(dk: usize, dv: usize) -> usize {
+    ((dk + dv) * 4).next_multiple_of(64)
 }
 
 /// Scratch bytes node `t` needs with `nth` threads.
-pub fn work_size(_graph: &Graph, t: &Tensor, nth: usize) -> usize {
-    per_thread(t.ne[0]) * nth
+pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
+    per_thread(graph.tensor(t.src[0]).ne[0], t.ne[0]) * nth
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -117,7 +117,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let (n_q, n_head, n_b) = (q.ne[1], q.ne[2], q.ne[3]);
     let dv = v.ne[0];
     let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
-    let per = per_thread(dv);
+    let per = per_thread(q.ne[0], dv);
     if ctx.wsize < per * ctx.nth {
         return Err(ctx.err(format!(
             "work buffer of {} bytes, {} needed",
@@ -125,7 +125,12 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             per * ctx.nth
         )));
     }
-    let attend = pick(use_avx2(ctx.isa), k.dtype, v.dtype);
+    let ggml = p.precision == tessera::op::AttnPrecision::GgmlCpu;
+    let attend = if ggml {
+        ggml_compat::pick(use_avx2(ctx.isa), k.dtype, v.dtype)
+    } else {
+        pick(use_avx2(ctx.isa), k.dtype, v.dtype)
+    };
     // SAFETY: this thread owns bytes [ith·per, (ith+1)·per) of the work buffer (size checked
     // above, 64-byte aligned): the block accumulator.
     let blk = unsafe { ctx.wdata.add(ctx.ith * per) as *mut f32 };
@@ -171,6 +176,170 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// [`AttnPrecision::GgmlCpu`](tessera::op::AttnPrecision::GgmlCpu): ggml's CPU algorithm step
+/// for step — Q rounded to f16 for an f16 K, a sequential online softmax with `expf`, the V
+/// accumulator rounded to f16 after every update when V is f16, and the final `· (1/S)` — so that
+/// a model reproduces llama.cpp's outputs. The dot product follows ggml's AVX2 `vec_dot_f16`
+/// (four 8-lane f32 accumulators over chunks of 32, then a fixed reduction).
+mod ggml_compat {
+    use super::{is_masked, Attend, Row};
+    use tessera::DType;
+
+    fn f16r(x: f32) -> f32 {
+        half::f16::from_f32(x).to_f32()
+    }
+
+    /// Element `i` of a row of `t` as f32.
+    unsafe fn ld(t: DType, p: *const u8, i: usize) -> f32 {
+        // SAFETY: the caller's contract (i is inside the row).
+        unsafe {
+            match t {
+                DType::F16 => half::f16::from_bits(*(p as *const u16).add(i)).to_f32(),
+                DType::BF16 => f32::from_bits((*(p as *const u16).add(i) as u32) << 16),
+                _ => *(p as *const f32).add(i),
+            }
+        }
+    }
+
+    /// The state the kernels share: q (rounded) and the accumulator in the row's scratch.
+    unsafe fn run(
+        r: &Row,
+        kt: DType,
+        vt: DType,
+        dot: unsafe fn(*const f32, *const u8, usize) -> f32,
+        mad: unsafe fn(*mut f32, *const u8, f32, usize, bool),
+        scale16: unsafe fn(*mut f32, f32, usize, bool),
+    ) {
+        // SAFETY: `blk` holds dk + dv f32 of this thread's scratch; the other pointers follow
+        // `compute`'s contract.
+        unsafe {
+            let (dk, dv) = (r.dk, r.dv);
+            let qv = r.blk;
+            let acc = r.blk.add(dk);
+            for i in 0..dk {
+                let x = *r.q.add(i);
+                *qv.add(i) = if kt == DType::F16 { f16r(x) } else { x };
+            }
+            for i in 0..dv {
+                *acc.add(i) = 0.0;
+            }
+            let v16 = vt == DType::F16;
+            let (mut s_sum, mut m_max) = (0f32, f32::NEG_INFINITY);
+            let mut scale = r.scale;
+            if r.softcap != 0.0 {
+                scale /= r.softcap;
+            }
+            for ic in 0..r.n_kv {
+                let mv = match r.mask {
+                    Some(m) => r.slope * m.at(ic),
+                    None => 0.0,
+                };
+                if mv == f32::NEG_INFINITY || is_masked(r.mask, ic) {
+                    continue;
+                }
+                let mut s = dot(qv, r.k.add(ic * r.k_nb1), dk) * scale;
+                if r.softcap != 0.0 {
+                    s = r.softcap * s.tanh();
+                }
+                s += mv;
+                let m_old = m_max;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if s > m_max {
+                    m_max = s;
+                    ms = (m_old - m_max).exp();
+                    scale16(acc, ms, dv, v16);
+                } else {
+                    vs = (s - m_max).exp();
+                }
+                mad(acc, r.v.add(ic * r.v_nb1), vs, dv, v16);
+                s_sum = s_sum * ms + vs;
+            }
+            let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
+            for i in 0..dv {
+                *r.out.add(i) = *acc.add(i) * inv;
+            }
+        }
+    }
+
+    macro_rules! scalar_kernels {
+        ($name:ident, $kt:expr, $vt:expr) => {
+            unsafe fn $name(r: &Row) {
+                unsafe fn dot(q: *const f32, k: *const u8, n: usize) -> f32 {
+                    // SAFETY: n elements at q and k.
+                    unsafe {
+                        let mut sum = [[0f32; 8]; 4];
+                        let full = n - n % 32;
+                        let mut i = 0;
+                        while i < full {
+                            for j in 0..4 {
+                                for l in 0..8 {
+                                    let e = i + j * 8 + l;
+                                    sum[j][l] = (*q.add(e)).mul_add(ld($kt, k, e), sum[j][l]);
+                                }
+                            }
+                            i += 32;
+                        }
+                        reduce(&mut sum)
+                            + (full..n)
+                                .map(|e| *q.add(e) as f64 * ld($kt, k, e) as f64)
+                                .sum::<f64>() as f32
+                    }
+                }
+                unsafe fn mad(acc: *mut f32, v: *const u8, vs: f32, n: usize, v16: bool) {
+                    // SAFETY: n elements at acc and v.
+                    unsafe {
+                        for i in 0..n {
+                            let x = ld($vt, v, i).mul_add(vs, *acc.add(i));
+                            *acc.add(i) = if v16 { f16r(x) } else { x };
+                        }
+                    }
+                }
+                unsafe fn scale16(acc: *mut f32, ms: f32, n: usize, v16: bool) {
+                    // SAFETY: n elements at acc.
+                    unsafe {
+                        for i in 0..n {
+                            let x = *acc.add(i) * ms;
+                            *acc.add(i) = if v16 { f16r(x) } else { x };
+                        }
+                    }
+                }
+                // SAFETY: forwarded contract.
+                unsafe { run(r, $kt, $vt, dot, mad, scale16) }
+            }
+        };
+    }
+
+    /// ggml's reduction of four 8-lane accumulators: 0+=2, 1+=3, 0+=1, then the 8 lanes.
+    fn reduce(sum: &mut [[f32; 8]; 4]) -> f32 {
+        for l in 0..8 {
+            sum[0][l] += sum[2][l];
+            sum[1][l] += sum[3][l];
+        }
+        for l in 0..8 {
+            sum[0][l] += sum[1][l];
+        }
+        let t: [f32; 4] = std::array::from_fn(|l| sum[0][l] + sum[0][l + 4]);
+        let h = [t[0] + t[1], t[2] + t[3]];
+        h[0] + h[1]
+    }
+
+    scalar_kernels!(k16_v16, DType::F16, DType::F16);
+    scalar_kernels!(k16_v32, DType::F16, DType::F32);
+    scalar_kernels!(k32_v16, DType::F32, DType::F16);
+    scalar_kernels!(k32_v32, DType::F32, DType::F32);
+    scalar_kernels!(kb_vb, DType::BF16, DType::BF16);
+
+    pub(super) fn pick(_avx: bool, kt: DType, vt: DType) -> Attend {
+        match (kt, vt) {
+            (DType::F16, DType::F16) => k16_v16 as Attend,
+            (DType::F16, _) => k16_v32 as Attend,
+            (DType::F32, DType::F16) => k32_v16 as Attend,
+            (DType::BF16, DType::BF16) => kb_vb as Attend,
+            _ => k32_v32 as Attend,
+        }
+    }
 }
 
 /// A query-row kernel, monomorphised for the K and V types and the instruction set.

@@ -117,8 +117,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 *t = *(src.add(kk * b.nb[0]) as *const f32);
             }
             let q = std::slice::from_raw_parts_mut(ctx.wdata.add(col * l.qrow), l.qrow);
-            tessera_quants::quantize_row(vdt.id(), tmp, q, None)
-                .map_err(|e| ctx.err(e.to_string()))?;
+            quantize_activations(vdt, tmp, q).map_err(|e| ctx.err(e))?;
             if !has_int_kernel(a.dtype) {
                 let deq = std::slice::from_raw_parts_mut(
                     (ctx.wdata.add(l.deq_off) as *mut f32).add(col * k),
@@ -194,6 +193,46 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Quantizes one row of activations to `vdt` exactly as ggml's x86 CPU backend does (its
+/// `from_float`). For q8_0 and q8_1 that is not the reference quantizer: the scale's inverse is
+/// `127/max` rather than `1/(max/127)` and values round half to even (`_mm256_round_ps`), not
+/// away from zero — tiny differences, but they decide knife-edge tokens when reproducing
+/// llama.cpp. q8_K uses the reference quantizer, as ggml does.
+pub fn quantize_activations(
+    vdt: DType,
+    x: &[f32],
+    y: &mut [u8],
+) -> std::result::Result<(), String> {
+    let (qk, bs) = (32, vdt.type_size());
+    match vdt {
+        DType::Q8_0 | DType::Q8_1 => {
+            if x.len() % qk != 0 || y.len() != x.len() / qk * bs {
+                return Err(format!("{vdt}: {} values into {} bytes", x.len(), y.len()));
+            }
+            let qs_at = if vdt == DType::Q8_0 { 2 } else { 4 };
+            for (xb, yb) in x.chunks_exact(qk).zip(y.chunks_exact_mut(bs)) {
+                let max = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
+                let d = max / 127.0;
+                let id = if max != 0.0 { 127.0 / max } else { 0.0 };
+                yb[0..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                let mut sum = 0i32;
+                for (j, &v) in xb.iter().enumerate() {
+                    let q = (v * id).round_ties_even() as i32;
+                    sum += q;
+                    yb[qs_at + j] = q as i8 as u8;
+                }
+                if vdt == DType::Q8_1 {
+                    yb[2..4].copy_from_slice(
+                        &half::f16::from_f32(d * sum as f32).to_bits().to_le_bytes(),
+                    );
+                }
+            }
+            Ok(())
+        }
+        _ => tessera_quants::quantize_row(vdt.id(), x, y, None).map_err(|e| e.to_string()),
+    }
 }
 
 fn f16(b: &[u8], at: usize) -> f32 {

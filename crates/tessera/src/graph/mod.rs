@@ -82,6 +82,10 @@ impl Graph {
         self.new_tensor(DType::F32, dims)
     }
 
+    pub(crate) fn tensor_mut(&mut self, id: TensorId) -> &mut Tensor {
+        &mut self.tensors[id.index()]
+    }
+
     pub(crate) fn push(&mut self, t: Tensor) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push(t);

@@ -20,6 +20,21 @@ pub struct FlashAttnParams {
     pub scale: f32,
     pub max_bias: f32,
     pub logit_softcap: f32,
+    pub precision: AttnPrecision,
+}
+
+/// How precisely flash attention computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttnPrecision {
+    /// Scores, probabilities and the weighted sum of V in full precision (f32 on the CPU, f64
+    /// in the reference). The default.
+    #[default]
+    F32,
+    /// Exactly what ggml's CPU backend computes when K is f16: Q rounded to f16 before the
+    /// dot products, a sequential online softmax over the kv rows in f32 (`expf`), and — when V
+    /// is f16 — the running weighted sum of V kept in f16 (rounded after every update). Less
+    /// precise; used to reproduce llama.cpp's outputs token for token.
+    GgmlCpu,
 }
 
 impl Graph {
@@ -112,6 +127,7 @@ impl Graph {
         }
         let ne = [vn[0], qn[2], qn[1], qn[3]];
         let params = FlashAttnParams {
+            precision: AttnPrecision::F32,
             scale,
             max_bias,
             logit_softcap,
@@ -120,10 +136,113 @@ impl Graph {
     }
 }
 
+impl Graph {
+    /// Sets the precision of a `flash_attn_ext` node (ggml's `ggml_flash_attn_ext_set_prec`).
+    pub fn set_flash_attn_precision(
+        &mut self,
+        node: TensorId,
+        precision: AttnPrecision,
+    ) -> Result<()> {
+        self.check_id("flash_attn_ext", node)?;
+        match &mut self.tensor_mut(node).op {
+            Op::FlashAttnExt(p) => {
+                p.precision = precision;
+                Ok(())
+            }
+            other => Err(crate::Error::Invalid(format!(
+                "set_flash_attn_precision: node {node} is {other}, not flash_attn_ext"
+            ))),
+        }
+    }
+}
+
+/// f32 → f16 → f32, round to nearest even (ggml's conversion).
+fn f16r(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// ggml's CPU algorithm, step for step (see [`AttnPrecision::GgmlCpu`]).
+fn reference_ggml(n: &NodeRef, p: &FlashAttnParams, src: &[Dense]) -> Result<Dense> {
+    let (q, k, v) = (&src[0], &src[1], &src[2]);
+    let mask = src.get(3);
+    let (d, n_q, n_head, n_b) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
+    let (n_kv, dv) = (k.ne[1], v.ne[0]);
+    let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
+    let k_f16 = n.src(1).dtype == DType::F16;
+    let v_f16 = n.src(2).dtype == DType::F16;
+    let mut scale = p.scale;
+    if p.logit_softcap != 0.0 {
+        scale /= p.logit_softcap;
+    }
+    let mut out = Dense::zeros([dv, n_head, n_q, n_b]);
+    let mut acc = vec![0f32; dv];
+    for b in 0..n_b {
+        for h in 0..n_head {
+            let slope = alibi_slope(p.max_bias, n_head, h) as f32;
+            let (hk, hv) = (h / rk, h / rv);
+            for iq in 0..n_q {
+                let qr: Vec<f32> = (0..d)
+                    .map(|i| {
+                        let x = q.at(i, iq, h, b) as f32;
+                        if k_f16 {
+                            f16r(x)
+                        } else {
+                            x
+                        }
+                    })
+                    .collect();
+                let (mut s_sum, mut m_max) = (0f32, f32::NEG_INFINITY);
+                acc.fill(0.0);
+                for ic in 0..n_kv {
+                    let mv = mask.map_or(0.0, |m| {
+                        slope * m.at(ic, iq, h % m.ne[2], b % m.ne[3]) as f32
+                    });
+                    if mv == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    // f16·f16 products are exact in f64; ggml sums them in f32 lanes
+                    let dot: f64 = (0..d).map(|i| qr[i] as f64 * k.at(i, ic, hk, b)).sum();
+                    let mut s = dot as f32 * scale;
+                    if p.logit_softcap != 0.0 {
+                        s = p.logit_softcap * s.tanh();
+                    }
+                    s += mv;
+                    let m_old = m_max;
+                    let (mut ms, mut vs) = (1f32, 1f32);
+                    if s > m_max {
+                        m_max = s;
+                        ms = (m_old - m_max).exp();
+                        for a in acc.iter_mut() {
+                            *a = if v_f16 { f16r(*a * ms) } else { *a * ms };
+                        }
+                    } else {
+                        vs = (s - m_max).exp();
+                    }
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let x = *a + v.at(i, ic, hv, b) as f32 * vs;
+                        *a = if v_f16 { f16r(x) } else { x };
+                    }
+                    s_sum = s_sum * ms + vs;
+                }
+                if s_sum == 0.0 {
+                    continue;
+                }
+                for (i, &a) in acc.iter().enumerate() {
+                    out.set(i, h, iq, b, (a / s_sum) as f64);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     let Op::FlashAttnExt(p) = n.t.op else {
         return Err(n.err("not flash_attn_ext"));
     };
+    if p.precision == AttnPrecision::GgmlCpu {
+        return reference_ggml(n, &p, src);
+    }
     let (q, k, v) = (&src[0], &src[1], &src[2]);
     let mask = src.get(3);
     let (d, n_q, n_head, n_b) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
