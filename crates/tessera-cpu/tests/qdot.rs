@@ -1,0 +1,388 @@
+//! The integer dot products of `ops::qdot`: bit-exact against ggml itself, close to the exact
+//! dot product of the dequantized rows, and the AVX2 path close to the scalar one.
+//!
+//! `data/qdot_ggml.bin` was written by a small C program (not part of this repository) linked
+//! against llama.cpp's `libggml-cpu`/`libggml-base` (the copy vendored by llama-cpp-python
+//! 0.3.36, built by gcc 12 with `GGML_NATIVE` on an AVX2 machine without AVX-512 or AVX-VNNI).
+//! For each type it holds weight rows quantized by `ggml_quantize_chunk` from float patterns
+//! (random, mixed magnitudes, zeros, constants, huge × tiny, alternating signs, outliers,
+//! ternary, offset) and activation rows quantized by the CPU backend's own `from_float`, plus
+//! rows of random block bytes (every bit pattern of quants, scales and high bits); and for each
+//! pair two results:
+//! - `avx2`: `ggml_get_type_traits_cpu(type)->vec_dot` of that library, i.e. ggml's AVX2
+//!   kernel as llama.cpp runs it;
+//! - `generic`: ggml's `ggml_vec_dot_<type>_<vdt>_generic` from the same source
+//!   (`ggml-cpu/quants.c`) compiled with `-ffp-contract=off` for plain x86-64 (no FMA), i.e. the
+//!   C source's own order of float operations.
+//!
+//! Format (little-endian): `b"QDOTFIX1"`, u32 case count, then per case u32 type id, u32 k,
+//! u32 pattern (100 = random bytes), u32 weight bytes, u32 activation bytes, the weight row,
+//! the activation row, f32 `avx2`, f32 `generic`.
+
+use tessera::DType;
+use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
+use tessera_cpu::ops::qdot::{supported, vec_dot};
+use tessera_cpu::Isa;
+
+const TYPES: [DType; 11] = [
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4NL,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::IQ4XS,
+    DType::TQ1_0,
+    DType::TQ2_0,
+];
+
+struct Case {
+    t: DType,
+    k: usize,
+    pattern: u32,
+    w: Vec<u8>,
+    x: Vec<u8>,
+    avx2: f32,
+    generic: f32,
+}
+
+fn fixture() -> Vec<Case> {
+    let b: &[u8] = include_bytes!("data/qdot_ggml.bin");
+    assert_eq!(&b[0..8], b"QDOTFIX1");
+    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
+    let count = u32_at(8) as usize;
+    let mut p = 12;
+    let mut cases = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (id, k, pattern, wl, xl) = (
+            u32_at(p),
+            u32_at(p + 4) as usize,
+            u32_at(p + 8),
+            u32_at(p + 12) as usize,
+            u32_at(p + 16) as usize,
+        );
+        p += 20;
+        let w = b[p..p + wl].to_vec();
+        let x = b[p + wl..p + wl + xl].to_vec();
+        p += wl + xl;
+        let avx2 = f32::from_bits(u32_at(p));
+        let generic = f32::from_bits(u32_at(p + 4));
+        p += 8;
+        let t = DType::from_id(id).expect("known type");
+        assert_eq!(w.len(), t.row_size(k).unwrap());
+        assert_eq!(x.len(), vec_dot_type(t).row_size(k).unwrap());
+        cases.push(Case {
+            t,
+            k,
+            pattern,
+            w,
+            x,
+            avx2,
+            generic,
+        });
+    }
+    assert_eq!(p, b.len());
+    cases
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[test]
+fn fixture_covers_every_type() {
+    let cases = fixture();
+    for t in TYPES {
+        let n = cases.iter().filter(|c| c.t == t).count();
+        let random = cases
+            .iter()
+            .filter(|c| c.t == t && c.pattern == 100)
+            .count();
+        assert!(n >= 15 && random >= 3, "{t}: {n} cases, {random} random");
+    }
+}
+
+/// The AVX2 path returns exactly what llama.cpp's AVX2 build returns.
+#[test]
+fn avx2_is_bit_exact_with_ggml() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: the AVX2 path is not checked");
+        return;
+    }
+    let mut bad = Vec::new();
+    for c in fixture() {
+        let got = vec_dot(Isa::Avx2, c.t, &c.w, &c.x, c.k);
+        if got.to_bits() != c.avx2.to_bits() {
+            bad.push(format!(
+                "{} k={} pattern {}: {got:e} vs ggml {:e}",
+                c.t, c.k, c.pattern, c.avx2
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The scalar path returns exactly what ggml's generic C code returns when compiled without
+/// FMA contraction.
+#[test]
+fn scalar_is_bit_exact_with_ggml_generic() {
+    let mut bad = Vec::new();
+    for c in fixture() {
+        let got = vec_dot(Isa::Scalar, c.t, &c.w, &c.x, c.k);
+        if got.to_bits() != c.generic.to_bits() {
+            bad.push(format!(
+                "{} k={} pattern {}: {got:e} vs ggml {:e}",
+                c.t, c.k, c.pattern, c.generic
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+// ---- tolerance checks on rows quantized here ----
+
+fn rng(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        // roughly normal: sum of four uniforms, centred
+        let u = |v: u64| (v & 0xffff) as f32 / 65536.0;
+        (u(s) + u(s >> 16) + u(s >> 32) + u(s >> 48) - 2.0) * 1.7
+    }
+}
+
+/// Weight and activation rows of `k` values for pattern `p`.
+// `is_multiple_of` is newer than the workspace's minimum Rust version.
+#[allow(clippy::manual_is_multiple_of)]
+fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut g = rng(seed);
+    let mut h = rng(seed ^ 0xabcdef);
+    let alt = |i: usize, v: f32| if i % 2 == 0 { v } else { -v };
+    (0..k)
+        .map(|i| {
+            let (a, b) = (g(), h());
+            match p {
+                0 => (a, b),
+                1 => (a * (2.0 * g()).exp(), b * (2.0 * h()).exp()), // mixed magnitudes
+                2 => (0.0, b),                                       // zero weights
+                3 => (a, 0.0),                                       // zero activations
+                4 => (0.5, -1.25),                                   // constants
+                5 => (a * 1e4, b * 1e-5),                            // huge × tiny
+                6 => (a * 1e-6, b * 3e3),                            // tiny × huge
+                7 => (alt(i, 3.0), alt(i, 1.0)),                     // alternating, same phase
+                8 => (alt(i, 3.0), alt(i + 1, 1.0)),                 // opposite phase
+                9 => (
+                    if i == 37 { 100.0 } else { a },
+                    if i == k - 5 { -80.0 } else { b },
+                ), // outliers
+                10 => ((a * 1.5).round().clamp(-1.0, 1.0) * 0.7, b), // ternary weights
+                _ => (a + 4.0, b.abs() + 1.0),                       // all positive, offset
+            }
+        })
+        .unzip()
+}
+
+const PATTERNS: usize = 12;
+
+struct Rows {
+    w: Vec<u8>,
+    x: Vec<u8>,
+    /// Σ|w_i·x_i| over the dequantized rows, with a min-type weight's two parts (d·scale·q and
+    /// dmin·min) counted separately: the size the scalar path's roundings are relative to.
+    mag: f64,
+    /// Σ|o_i·x_i| for the types whose AVX2 kernel multiplies unsigned quants and takes a
+    /// constant offset o off afterwards (q3_K's 4, q6_K's 32, tq1_0's and tq2_0's 1, times the
+    /// scales): its integer lanes hold those terms too.
+    mag_offset: f64,
+    /// The exact dot product of the dequantized rows, except that for q5_1 it takes q8_1's
+    /// stored activation sum `s` (an f16 of the f32 d·Σq) where the dequantized row has
+    /// f16(d)·Σq, as ggml's kernel does (that gap is the quantization format's, not the
+    /// kernel's: with d in f16's subnormal range it reaches several per cent of the min term).
+    exact: f64,
+}
+
+fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
+    let mut v = vec![0f32; k];
+    tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
+    v
+}
+
+/// Offsets in a weight block of the scale and of the min's scale, for the types with mins.
+fn min_fields(t: DType) -> Option<(usize, usize)> {
+    match t {
+        DType::Q5_1 | DType::Q4K | DType::Q5K => Some((0, 2)),
+        DType::Q2K => Some((80, 82)),
+        _ => None,
+    }
+}
+
+/// Byte ranges of a weight block that, zeroed, leave only the AVX2 kernel's offset: all quants
+/// 0 (q3_K with its high bits clear: -4, q6_K: -32, ternary: -1).
+fn offset_quants(t: DType) -> Option<std::ops::Range<usize>> {
+    match t {
+        DType::Q3K => Some(0..96),
+        DType::Q6K => Some(0..192),
+        DType::TQ1_0 => Some(0..52),
+        DType::TQ2_0 => Some(0..64),
+        _ => None,
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f64 {
+    tessera_quants::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]])) as f64
+}
+
+fn rows(t: DType, wf: &[f32], xf: &[f32]) -> Rows {
+    let k = wf.len();
+    let vdt = vec_dot_type(t);
+    let ts = t.type_size();
+    let mut w = vec![0u8; t.row_size(k).unwrap()];
+    let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+    tessera_quants::quantize_row(t.id(), wf, &mut w, None).unwrap();
+    quantize_activations(vdt, xf, &mut x).unwrap();
+    let wd = dequant(t, &w, k);
+    let xd = dequant(vdt, &x, k);
+    let mut exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+    let dot_abs = |v: &[f32]| -> f64 {
+        v.iter()
+            .zip(&xd)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum()
+    };
+    // the weights with some bytes of every block zeroed, dequantized
+    let edited = |range: std::ops::Range<usize>| {
+        let mut b = w.clone();
+        for blk in b.chunks_exact_mut(ts) {
+            blk[range.clone()].fill(0);
+        }
+        dequant(t, &b, k)
+    };
+    let mag = match min_fields(t) {
+        // the two parts of each weight: zero the min's scale, then the scale
+        Some((d, dmin)) => dot_abs(&edited(dmin..dmin + 2)) + dot_abs(&edited(d..d + 2)),
+        None => dot_abs(&wd),
+    };
+    let mag_offset = offset_quants(t).map_or(0.0, |r| dot_abs(&edited(r)));
+    if t == DType::Q5_1 {
+        for (wb, xb) in w.chunks_exact(ts).zip(x.chunks_exact(36)) {
+            let sum_q: f64 = xb[4..].iter().map(|&q| q as i8 as f64).sum();
+            exact += f16_at(wb, 2) * (f16_at(xb, 2) - f16_at(xb, 0) * sum_q);
+        }
+    }
+    Rows {
+        w,
+        x,
+        mag,
+        mag_offset,
+        exact,
+    }
+}
+
+fn ks(t: DType) -> [usize; 3] {
+    if t.block_size() == 32 {
+        [96, 256, 4096]
+    } else {
+        [256, 768, 4096]
+    }
+}
+
+/// The scalar path against the exact (f64) dot product of the dequantized rows.
+///
+/// Both sides use the same quantized integers and the same f16/f32 scales; they differ only in
+/// float rounding: ggml multiplies the two block scales, converts each block's (or lane's)
+/// integer sum, multiplies and adds across the row, a handful of roundings per block and one
+/// per block in the running sum, each off by at most 2^-24 of a value bounded by `mag`; the
+/// dequantized rows round each weight (scale·sub-scale, ·q, − dmin·min) and activation once or
+/// twice. So |error| ≤ (blocks + 16)·2^-23·mag, 2^-23 allowing two roundings per step (q5_1's
+/// stored activation sums are accounted for in `exact`, see [`Rows`]).
+#[test]
+fn scalar_matches_exact_dot() {
+    for t in TYPES {
+        for k in ks(t) {
+            let nb = (k / t.block_size()) as f64;
+            for p in 0..PATTERNS {
+                let (wf, xf) = pattern(p, k, (p * 31 + k) as u64);
+                let r = rows(t, &wf, &xf);
+                let got = vec_dot(Isa::Scalar, t, &r.w, &r.x, k) as f64;
+                let tol = (nb + 16.0) * 2f64.powi(-23) * r.mag;
+                assert!(
+                    (got - r.exact).abs() <= tol,
+                    "{t} k={k} pattern {p}: scalar {got} vs exact {} (tolerance {tol})",
+                    r.exact
+                );
+            }
+        }
+    }
+}
+
+/// The AVX2 path against the scalar one: the same integer sums, grouped differently into
+/// float lanes (8 per block, FMAs, a final 8-lane reduction), so each side's rounding is at
+/// most (8·blocks + 16)·2^-24 of what its lanes hold (mag, plus mag_offset for the AVX2 kernels
+/// that take an offset off inside the lanes) and they differ by at most the sum.
+#[test]
+fn avx2_matches_scalar() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: the AVX2 path is not checked");
+        return;
+    }
+    for t in TYPES {
+        for k in ks(t) {
+            let nb = (k / t.block_size()) as f64;
+            for p in 0..PATTERNS {
+                let (wf, xf) = pattern(p, k, (p * 77 + k) as u64);
+                let r = rows(t, &wf, &xf);
+                let scalar = vec_dot(Isa::Scalar, t, &r.w, &r.x, k);
+                for isa in [Isa::Avx2, Isa::Avx512] {
+                    let got = vec_dot(isa, t, &r.w, &r.x, k);
+                    let tol = (8.0 * nb + 16.0) * 2f64.powi(-24) * (2.0 * r.mag + r.mag_offset);
+                    assert!(
+                        ((got - scalar) as f64).abs() <= tol,
+                        "{t} k={k} pattern {p} {isa:?}: {got} vs scalar {scalar} (tolerance {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn supported_types() {
+    for t in DType::ALL {
+        assert_eq!(supported(t), TYPES.contains(&t), "{t}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "not whole")]
+fn rejects_partial_blocks() {
+    let w = vec![0u8; DType::Q4K.type_size()];
+    let x = vec![0u8; DType::Q8K.type_size()];
+    vec_dot(Isa::Scalar, DType::Q4K, &w, &x, 128);
+}
+
+#[test]
+#[should_panic(expected = "bytes")]
+fn rejects_short_rows() {
+    let w = vec![0u8; DType::Q6K.type_size()];
+    let x = vec![0u8; DType::Q8K.type_size() - 1];
+    vec_dot(Isa::Avx2, DType::Q6K, &w, &x, 256);
+}
+
+#[test]
+#[should_panic(expected = "no integer kernel")]
+fn rejects_unsupported_types() {
+    let w = vec![0u8; DType::Q4_0.type_size()];
+    let x = vec![0u8; DType::Q8_0.type_size()];
+    vec_dot(Isa::Scalar, DType::Q4_0, &w, &x, 32);
+}
