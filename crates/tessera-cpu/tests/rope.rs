@@ -2,9 +2,11 @@
 //! body and the scalar tail), freq_scale, attn_factor, YaRN, freq_factors, positions up to 10⁵,
 //! f32 and f16 inputs, permuted and transposed (strided-element) inputs.
 //!
-//! Tolerances (relative to the output's max magnitude): f32 2e-6 (angles and cos/sin in f64,
-//! rounded once to f32; measured ≤ 1e-7); f16 1e-3 (the f32 result rounded to f16 can be one
-//! f16 ulp from the reference's rounding of its f64 result: 2⁻¹¹ of the value).
+//! Tolerances (relative to the output's max magnitude): the CPU kernel computes the angles as
+//! ggml does, in f32 by repeated multiplication (so that models reproduce llama.cpp; it agrees
+//! with ggml's CPU bit for bit on the golden rope cases, see `tessera conformance ops`), whose
+//! error grows with the position: f32 `2e-6 + 4e-7·p_max` (YaRN's f32 ramp adds about 5e-4);
+//! f16 1e-3 on top (one f16 ulp of rounding).
 
 mod common;
 
@@ -27,6 +29,16 @@ fn assert_fast(g: &Graph, y: TensorId) {
 
 /// Like `common::check`, with the inputs' values given (set again before every run).
 fn check_values(g: Graph, inputs: &[(TensorId, Val)], out: TensorId, tol: f64, what: &str) {
+    // ggml's f32 angles drift with the position (see the module docs)
+    let p_max = inputs
+        .iter()
+        .filter_map(|(_, v)| match v {
+            Val::I(p) => p.iter().map(|x| x.unsigned_abs() as f64).reduce(f64::max),
+            Val::F(_) => None,
+        })
+        .fold(0.0, f64::max);
+    let yarn = what.contains("yarn");
+    let tol = tol + 4e-7 * p_max + if yarn { 5e-4 } else { 0.0 };
     let mut s = Session::new(g, &[out]).expect("plan");
     let set = |s: &mut Session| {
         for (i, v) in inputs {

@@ -254,7 +254,7 @@ mod ggml_compat {
                     vs = (s - m_max).exp();
                 }
                 mad(acc, r.v.add(ic * r.v_nb1), vs, dv, v16);
-                s_sum = s_sum * ms + vs;
+                s_sum = s_sum.mul_add(ms, vs); // GCC contracts this to an FMA in ggml
             }
             let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
             for i in 0..dv {

@@ -78,7 +78,18 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             while done < len {
                 let c = CHUNK.min(len - done);
                 let (xc, gc, dc) = (xp.add(done * ts), gp.add(done * ts), dp.add(done * ts));
-                if dt == DType::F32 {
+                if dt == DType::F32 && kind == tessera::op::GluKind::Swiglu {
+                    // ggml's swiglu arithmetic, bit for bit (see ggml_math)
+                    super::ggml_math::swiglu_row_piece(
+                        isa,
+                        xc as *const f32,
+                        gc as *const f32,
+                        dc as *mut f32,
+                        c,
+                        i[0] + done,
+                        d.ne[0],
+                    );
+                } else if dt == DType::F32 {
                     apply(isa, act, xc as *const f32, bx.as_mut_ptr(), c);
                     binop_f32(
                         isa,

@@ -287,6 +287,7 @@ pub fn vec_dot_scalar(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
                     s += lo * xb[4 + j] as i8 as i32 + hi * xb[4 + 16 + j] as i8 as i32;
                 }
                 sum += f16(wb, 0) * f16(xb, 0) * s as f32 + f16(wb, 2) * f16(xb, 2);
+                // scalar reference: ggml's generic order
             }
         }
         DType::Q8_0 => {
@@ -333,12 +334,10 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-        }
+        // register arithmetic only
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
     }
 
     /// One f16 at `p` as f32, with F16C (no call, no feature check).
@@ -369,13 +368,11 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let ax = _mm256_sign_epi8(x, x);
-            let sy = _mm256_sign_epi8(y, x);
-            let p = _mm256_maddubs_epi16(ax, sy);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-        }
+        // register arithmetic only
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        let p = _mm256_maddubs_epi16(ax, sy);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -400,7 +397,7 @@ mod avx2 {
                     let mut summs = 0f32;
                     for i in 0..nb {
                         let (wb, xb) = (wp.add(i * 20), xp.add(i * 36));
-                        summs += f16(wb.add(2)) * f16(xb.add(2));
+                        summs = f16(wb.add(2)).mul_add(f16(xb.add(2)), summs); // fused, as GCC builds ggml's
                         let d = _mm256_set1_ps(f16(wb) * f16(xb));
                         let q = nibbles(wb.add(4));
                         let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
@@ -457,7 +454,7 @@ mod avx2 {
                         let (dx, sx) = (f16(xb), f16(xb.add(2)));
                         for r in 0..4 {
                             let wb = wp[r].add(i * 20);
-                            summs[r] += f16(wb.add(2)) * sx;
+                            summs[r] = f16(wb.add(2)).mul_add(sx, summs[r]);
                             let d = _mm256_set1_ps(f16(wb) * dx);
                             let p = _mm256_madd_epi16(
                                 _mm256_maddubs_epi16(nibbles(wb.add(4)), y),

@@ -109,9 +109,16 @@ unsafe fn norm_block(isa: Isa, kind: Kind, x: *const f32, y: *mut f32, n: usize,
                 scale_in_place(isa, y, n, scale as f32);
             }
             Kind::Rms => {
-                let ms = sum_sq(isa, x, n) / n as f64;
-                let scale = 1.0 / (ms + eps).sqrt();
-                scale_to(isa, x, y, n, scale as f32);
+                // ggml's arithmetic exactly: f32 squares summed in order in f64, the mean
+                // rounded to f32, `1/sqrtf(mean + eps)` in f32 (models then reproduce llama.cpp)
+                let mut sum = 0f64;
+                for i in 0..n {
+                    let v = *x.add(i);
+                    sum += (v * v) as f64;
+                }
+                let mean = (sum / n as f64) as f32;
+                let scale = 1.0f32 / (mean + eps as f32).sqrt();
+                scale_to(isa, x, y, n, scale);
             }
             Kind::L2 => {
                 let norm = sum_sq(isa, x, n).sqrt();

@@ -4,20 +4,21 @@
 //! the same type, contiguous.
 //!
 //! Work split: each thread takes a contiguous range of rows (i1 fastest, then the token i2).
-//! Its slice of the work buffer holds the pair frequencies `base^(-2k/n_dims) / ff[k]` (f64,
-//! computed once per node) and a cos/sin cache for the current token, rebuilt only when the
-//! token changes (so about once per token per thread). Angles, YaRN's ramp and cos/sin are
-//! computed in **f64** exactly like the core's reference (`rope_yarn`) and rounded once to f32
-//! (ggml works in f32, whose angle error grows with the position: at position 10⁵ it is
-//! ~10⁻² rad; ours stays at f32 rounding of cos/sin). The rotation itself is f32 (FMA on AVX2):
-//! measured within 1e-7 of the output's max magnitude for f32 (with and without YaRN,
-//! positions up to 10⁵; the tests allow 2e-6);
-//! f16 results are the f32 result rounded to nearest even (1 f16 ulp at most from the
-//! reference's rounding, 1e-3 relative).
+//! Its slice of the work buffer holds a cos/sin cache for the current token, rebuilt only when
+//! the token changes (about once per token per thread).
 //!
-//! Layout of the cache: normal mode stores `C[2k] = C[2k+1] = cos θk`, `S[2k] = -sin θk`,
-//! `S[2k+1] = sin θk`, so a row is `y = x·C + swap_pairs(x)·S` (one in-lane permute on
-//! AVX2); neox stores `cos θk`, `sin θk` for `k < n_dims/2`.
+//! The arithmetic is ggml's CPU arithmetic, step for step, so that models reproduce llama.cpp:
+//! the angle of pair k is `p · θ^k` with `θ = powf(base, -2/n_dims)` accumulated by repeated f32
+//! multiplication, YaRN's ramp and magnitude scale in f32 (with the fused multiply-adds GCC
+//! forms in ggml's build), `cosf`/`sinf`, and the rotation with the same fused products as
+//! ggml's x86 code (both modes: `x0·c − r(x1·s)` and `x0·s + r(x1·c)`, one rounding `r`
+//! before each fused add). Like ggml's, the angle carries f32
+//! rounding that grows with the position (about 1e-7·p relative): the reference backend,
+//! which works in f64, is the precise one.
+//!
+//! Layout of the cache: normal mode stores `A[2k] = cos θk`, `A[2k+1] = sin θk`, `B[2k] =
+//! -sin θk`, `B[2k+1] = cos θk`, so a row is `y = even(x)·A + r(odd(x)·B)` (two in-lane
+//! permutes on AVX2); neox stores `cos θk`, `sin θk` for `k < n_dims/2`.
 
 use tessera::op::RopeParams;
 use tessera::{DType, Graph, Op, Result, Tensor};
@@ -50,7 +51,8 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
         })
 }
 
-/// Bytes of work buffer per thread: the f64 frequencies, then the f32 cos and sin caches.
+/// Bytes of work buffer per thread: room for the f32 cos and sin caches (and, unused now, the
+/// pair frequencies).
 fn per_thread(n_dims: usize) -> usize {
     (n_dims / 2 * 8 + 2 * n_dims * 4).next_multiple_of(64)
 }
@@ -68,36 +70,30 @@ fn use_avx2(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx2 && isa != Isa::Neon
 }
 
-/// ggml_rope_yarn_corr_dim.
-fn yarn_corr_dim(n_dims: f64, n_ctx_orig: f64, n_rot: f64, base: f64) -> f64 {
-    n_dims * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+/// ggml's `ggml_rope_yarn_corr_dims`, in f32 as ggml computes it.
+fn yarn_corr_dims_f32(p: &RopeParams) -> (f32, f32) {
+    let dim = |n_rot: f32| -> f32 {
+        p.n_dims as f32 * (p.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * p.freq_base.ln())
+    };
+    let start = dim(p.beta_fast).floor();
+    let end = dim(p.beta_slow).ceil();
+    (start.max(0.0), end.min(p.n_dims as f32 - 1.0))
 }
 
-/// ggml_rope_yarn_corr_dims, as the core's reference computes it.
-fn yarn_corr_dims(p: &RopeParams) -> (f64, f64) {
-    let (nd, nc, base) = (p.n_dims as f64, p.n_ctx_orig as f64, p.freq_base as f64);
-    let start = yarn_corr_dim(nd, nc, p.beta_fast as f64, base).floor();
-    let end = yarn_corr_dim(nd, nc, p.beta_slow as f64, base).ceil();
-    let low = if 0.0 > start { 0.0 } else { start };
-    let high = if nd - 1.0 < end { nd - 1.0 } else { end };
-    (low, high)
-}
-
-/// cos and sin (times the magnitude scale) of pair `k`'s angle: ggml's `rope_yarn` in f64.
-fn rope_yarn(theta_extrap: f64, k: usize, p: &RopeParams, corr: (f64, f64)) -> (f64, f64) {
-    let freq_scale = p.freq_scale as f64;
-    let ext_factor = p.ext_factor as f64;
-    let theta_interp = freq_scale * theta_extrap;
+/// cos and sin (times the magnitude scale) of pair `k`'s angle: ggml's `rope_yarn`, in f32
+/// with the fused operations of ggml's x86 build.
+fn rope_yarn_f32(theta_extrap: f32, k: usize, p: &RopeParams, corr: (f32, f32)) -> (f32, f32) {
+    let theta_interp = p.freq_scale * theta_extrap;
     let mut theta = theta_interp;
-    let mut mscale = p.attn_factor as f64;
-    if ext_factor != 0.0 {
-        let y = (k as f64 - corr.0) / (corr.1 - corr.0).max(0.001);
-        let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * ext_factor;
-        theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
-        mscale *= 1.0 + 0.1 * (1.0 / freq_scale).ln();
+    let mut mscale = p.attn_factor;
+    if p.ext_factor != 0.0 {
+        let y = (k as f32 - corr.0) / (corr.1 - corr.0).max(0.001);
+        let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * p.ext_factor;
+        theta = theta_interp.mul_add(1.0 - ramp_mix, theta_extrap * ramp_mix);
+        mscale *= 0.1f32.mul_add((1.0 / p.freq_scale).ln(), 1.0);
     }
-    let (s, c) = theta.sin_cos();
-    (c * mscale, s * mscale)
+    (theta.cos() * mscale, theta.sin() * mscale)
 }
 
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
@@ -125,42 +121,42 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // SAFETY: this thread owns bytes [ith·per, (ith+1)·per) of the work buffer (size checked
     // above; the buffer is 64-byte aligned and `per` a multiple of 64): `half` f64 then
     // `2·n_dims` f32.
-    let (freq, cos, sin) = unsafe {
+    let (cos, sin) = unsafe {
         let base = ctx.wdata.add(ctx.ith * per);
         let cache = base.add(half * 8) as *mut f32;
         (
-            std::slice::from_raw_parts_mut(base as *mut f64, half),
             std::slice::from_raw_parts_mut(cache, n_dims),
             std::slice::from_raw_parts_mut(cache.add(n_dims), n_dims),
         )
     };
-    let fbase = p.freq_base as f64;
+    let theta_scale = p.freq_base.powf(-2.0 / n_dims as f32);
     let ff = (ctx.t.src.len() > 2).then(|| ctx.s(2).nb[0]);
-    for (k, f) in freq.iter_mut().enumerate() {
-        *f = fbase.powf(-2.0 * k as f64 / n_dims as f64);
-        if let Some(nb0) = ff {
-            // SAFETY: freq_factors has at least `half` values (`handles`), span validated.
-            *f /= unsafe { *(ctx.src[2].add(k * nb0) as *const f32) } as f64;
-        }
-    }
-    let corr = yarn_corr_dims(&p);
+    let corr = yarn_corr_dims_f32(&p);
     let mut cached = usize::MAX;
     for r in rows {
         let (i1, i2, i3) = (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]));
         if i2 != cached {
             // SAFETY: pos has at least ne2 i32 values (`handles`), span validated.
-            let position = unsafe { *(ctx.src[1].add(i2 * pos.nb[0]) as *const i32) } as f64;
+            let position = unsafe { *(ctx.src[1].add(i2 * pos.nb[0]) as *const i32) };
+            let mut theta = position as f32;
             for k in 0..half {
-                let (c, s) = rope_yarn(position * freq[k], k, &p, corr);
-                let (c, s) = (c as f32, s as f32);
+                let f = match ff {
+                    // SAFETY: freq_factors has at least `half` values (`handles`), span validated.
+                    Some(nb0) => unsafe { *(ctx.src[2].add(k * nb0) as *const f32) },
+                    None => 1.0,
+                };
+                let (c, s) = rope_yarn_f32(theta / f, k, &p, corr);
+                theta *= theta_scale;
                 if neox {
                     cos[k] = c;
                     sin[k] = s;
                 } else {
+                    // A = [cos, sin], B = [-sin, cos] per pair: y = x0·A + r(x1·B), which is
+                    // ggml's `x0·c − r(x1·s)`, `x0·s + r(x1·c)`
                     cos[2 * k] = c;
-                    cos[2 * k + 1] = c;
+                    cos[2 * k + 1] = s;
                     sin[2 * k] = -s;
-                    sin[2 * k + 1] = s;
+                    sin[2 * k + 1] = c;
                 }
             }
             cached = i2;
@@ -246,13 +242,13 @@ unsafe fn rotate_scalar(
             if neox {
                 let (x0, x1) = (ld(f16, src, k, nb0), ld(f16, src, k + half, nb0));
                 let (c, s) = (cos[k], sin[k]);
-                st(f16, dst, k, x0 * c - x1 * s);
-                st(f16, dst, k + half, x0 * s + x1 * c);
+                st(f16, dst, k, x0.mul_add(c, -(x1 * s)));
+                st(f16, dst, k + half, x0.mul_add(s, x1 * c));
             } else {
                 let (j0, j1) = (2 * k, 2 * k + 1);
                 let (x0, x1) = (ld(f16, src, j0, nb0), ld(f16, src, j1, nb0));
-                st(f16, dst, j0, x0 * cos[j0] + x1 * sin[j0]);
-                st(f16, dst, j1, x1 * cos[j1] + x0 * sin[j1]);
+                st(f16, dst, j0, x0.mul_add(cos[j0], x1 * sin[j0]));
+                st(f16, dst, j1, x0.mul_add(cos[j1], x1 * sin[j1]));
             }
         }
     }
@@ -334,17 +330,18 @@ mod avx2 {
                 let mut j = 0;
                 while j + 8 <= n_dims {
                     let x = load8(f16, src, j);
-                    let xs = _mm256_permute_ps(x, 0b10_11_00_01);
+                    let xe = _mm256_permute_ps(x, 0b10_10_00_00); // x0 x0 x2 x2 ...
+                    let xo = _mm256_permute_ps(x, 0b11_11_01_01); // x1 x1 x3 x3 ...
                     let c = _mm256_loadu_ps(cos.as_ptr().add(j));
                     let s = _mm256_loadu_ps(sin.as_ptr().add(j));
-                    store8(f16, dst, j, _mm256_fmadd_ps(x, c, _mm256_mul_ps(xs, s)));
+                    store8(f16, dst, j, _mm256_fmadd_ps(xe, c, _mm256_mul_ps(xo, s)));
                     j += 8;
                 }
                 while j < n_dims {
                     let x0 = super::ld(f16, src, j, ts);
                     let x1 = super::ld(f16, src, j + 1, ts);
                     super::st(f16, dst, j, x0.mul_add(cos[j], x1 * sin[j]));
-                    super::st(f16, dst, j + 1, x1.mul_add(cos[j + 1], x0 * sin[j + 1]));
+                    super::st(f16, dst, j + 1, x0.mul_add(cos[j + 1], x1 * sin[j + 1]));
                     j += 2;
                 }
             }

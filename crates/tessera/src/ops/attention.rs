@@ -222,7 +222,7 @@ fn reference_ggml(n: &NodeRef, p: &FlashAttnParams, src: &[Dense]) -> Result<Den
                         let x = *a + v.at(i, ic, hv, b) as f32 * vs;
                         *a = if v_f16 { f16r(x) } else { x };
                     }
-                    s_sum = s_sum * ms + vs;
+                    s_sum = s_sum.mul_add(ms, vs); // GCC contracts this to an FMA in ggml
                 }
                 if s_sum == 0.0 {
                     continue;
