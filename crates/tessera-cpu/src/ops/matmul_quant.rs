@@ -26,8 +26,13 @@ pub fn vec_dot_type(t: DType) -> DType {
     }
 }
 
-/// Weight types with an integer dot-product kernel here.
+/// Weight types with an integer dot-product kernel (here or in `qdot`).
 fn has_int_kernel(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || super::qdot::supported(t)
+}
+
+/// Types whose kernels live in this file (with the four-row variant).
+fn local_kernel(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
@@ -142,7 +147,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             while im < rows.end {
                 // four rows at a time share each activation load (the integer kernels compute
                 // every row exactly as the one-row kernel does, so the split does not matter)
-                let group = if has_int_kernel(a.dtype) && im + 4 <= rows.end {
+                let group = if local_kernel(a.dtype) && im + 4 <= rows.end {
                     4
                 } else {
                     1
@@ -242,6 +247,9 @@ fn f16(b: &[u8], at: usize) -> f32 {
 /// Dot product of one weight row (q4_0, q4_1 or q8_0) with one activation row in its
 /// `vec_dot_type`.
 pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    if !local_kernel(t) {
+        return super::qdot::vec_dot(isa, t, w, x, k);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; the slices hold k/32
