@@ -326,12 +326,106 @@ mod ggml_compat {
     }
 
     scalar_kernels!(k16_v16, DType::F16, DType::F16);
+
+    /// The f16 K / f16 V kernel with F16C and FMA: the same operations as ggml's AVX2 build
+    /// (`ggml_vec_dot_f16`, `ggml_vec_mad_f16`, `ggml_vec_scale_f16`), 8 lanes at a time.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod avx2 {
+        use super::{run, Row};
+        use std::arch::x86_64::*;
+        use tessera::DType;
+
+        /// q (f32 values already rounded to f16) · k (f16 row), ggml's order: four 8-lane
+        /// accumulators over chunks of 32, ggml's reduction, the rest in f64.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn dot(q: *const f32, k: *const u8, n: usize) -> f32 {
+            // SAFETY: n elements at q and k (the caller's contract).
+            unsafe {
+                let k = k as *const u16;
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let full = n - n % 32;
+                let mut i = 0;
+                while i < full {
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let kx = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + j * 8) as *const __m128i));
+                        let qy = _mm256_loadu_ps(q.add(i + j * 8));
+                        *a = _mm256_fmadd_ps(kx, qy, *a);
+                    }
+                    i += 32;
+                }
+                let a0 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+                let t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+                let t1 = _mm_hadd_ps(t0, t0);
+                let mut sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1)) as f64;
+                for e in full..n {
+                    let kv = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*k.add(e) as i32)));
+                    sum += (*q.add(e) * kv) as f64;
+                }
+                sum as f32
+            }
+        }
+
+        /// acc = f16(v·vs + acc), fused, 8 lanes at a time.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn mad(acc: *mut f32, v: *const u8, vs: f32, n: usize, _v16: bool) {
+            // SAFETY: n elements at acc and v.
+            unsafe {
+                let v = v as *const u16;
+                let s = _mm256_set1_ps(vs);
+                let mut i = 0;
+                while i + 8 <= n {
+                    let vx = _mm256_cvtph_ps(_mm_loadu_si128(v.add(i) as *const __m128i));
+                    let y = _mm256_fmadd_ps(vx, s, _mm256_loadu_ps(acc.add(i)));
+                    let r = _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
+                    _mm256_storeu_ps(acc.add(i), r);
+                    i += 8;
+                }
+                while i < n {
+                    let vx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*v.add(i) as i32)));
+                    let y = vx.mul_add(vs, *acc.add(i));
+                    *acc.add(i) = half::f16::from_f32(y).to_f32();
+                    i += 1;
+                }
+            }
+        }
+
+        /// acc = f16(acc·ms).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scale16(acc: *mut f32, ms: f32, n: usize, _v16: bool) {
+            // SAFETY: n elements at acc.
+            unsafe {
+                let s = _mm256_set1_ps(ms);
+                let mut i = 0;
+                while i + 8 <= n {
+                    let y = _mm256_mul_ps(_mm256_loadu_ps(acc.add(i)), s);
+                    _mm256_storeu_ps(acc.add(i), _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)));
+                    i += 8;
+                }
+                while i < n {
+                    *acc.add(i) = half::f16::from_f32(*acc.add(i) * ms).to_f32();
+                    i += 1;
+                }
+            }
+        }
+
+        /// # Safety
+        /// As for every `Attend`; the CPU has AVX2, FMA and F16C.
+        pub(crate) unsafe fn k16_v16(r: &Row) {
+            // SAFETY: forwarded; the wrappers are only called on CPUs with the features.
+            unsafe { run(r, DType::F16, DType::F16, |q, k, n| dot(q, k, n), |a, v, s, n, b| mad(a, v, s, n, b), |a, m, n, b| scale16(a, m, n, b)) }
+        }
+    }
     scalar_kernels!(k16_v32, DType::F16, DType::F32);
     scalar_kernels!(k32_v16, DType::F32, DType::F16);
     scalar_kernels!(k32_v32, DType::F32, DType::F32);
     scalar_kernels!(kb_vb, DType::BF16, DType::BF16);
 
-    pub(super) fn pick(_avx: bool, kt: DType, vt: DType) -> Attend {
+    pub(super) fn pick(avx: bool, kt: DType, vt: DType) -> Attend {
+        #[cfg(target_arch = "x86_64")]
+        if avx && kt == DType::F16 && vt == DType::F16 {
+            return avx2::k16_v16 as Attend;
+        }
+        let _ = avx;
         match (kt, vt) {
             (DType::F16, DType::F16) => k16_v16 as Attend,
             (DType::F16, _) => k16_v32 as Attend,
