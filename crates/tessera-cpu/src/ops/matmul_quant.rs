@@ -161,14 +161,30 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     };
                     if group == 4 {
                         let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
-                        for j in 0..n {
-                            let col = col0 + j;
-                            let q = std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
-                            let v = vec_dot4(ctx.isa, a.dtype, ws, q, k);
+                        let qcol = |j: usize| {
+                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                        };
+                        let mut j = 0;
+                        // two columns at a time share each unpacked weight block (each
+                        // result computed exactly as the one-row, one-column kernel does)
+                        while j + 2 <= n {
+                            let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
+                            for (c, col) in v.iter().enumerate() {
+                                let out =
+                                    ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
+                                for (r, &x) in col.iter().enumerate() {
+                                    *out.add(r) = x;
+                                }
+                            }
+                            j += 2;
+                        }
+                        while j < n {
+                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k);
                             let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
                             for (r, &x) in v.iter().enumerate() {
                                 *out.add(r) = x;
                             }
+                            j += 1;
                         }
                     } else {
                         let arow = row(im);
@@ -268,6 +284,16 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize) -> [f32; 
         return unsafe { avx2::vec_dot4(t, w, x, k) };
     }
     w.map(|r| vec_dot(isa, t, r, x, k))
+}
+
+/// Four weight rows against two activation rows: `out[c][r]`, each bit-identical to `vec_dot`.
+pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: as in `vec_dot`.
+        return unsafe { avx2::vec_dot_4x2(t, w, x, k) };
+    }
+    x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
 }
 
 /// The reference (scalar) integer dot products.
@@ -497,6 +523,78 @@ mod avx2 {
         }
     }
 
+    /// `vec_dot` for four rows × two activation columns, every result computed with the same
+    /// sequence of operations as `vec_dot` (so the values are identical); the weight block is
+    /// unpacked once for both columns.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot_4x2(t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -> [[f32; 4]; 2] {
+        let nb = k / 32;
+        let xp = x.map(|c| c.as_ptr());
+        let wp = w.map(|r| r.as_ptr());
+        // SAFETY: every row and column hold nb blocks of their formats.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+            let mut summs = [[0f32; 4]; 2];
+            let (wbs, xbs, wq, xq) = match t {
+                DType::Q4_0 => (18, 34, 2, 2),
+                DType::Q4_1 => (20, 36, 4, 4),
+                _ => (34, 34, 2, 2),
+            };
+            for i in 0..nb {
+                let xb = [xp[0].add(i * xbs), xp[1].add(i * xbs)];
+                let y = [
+                    _mm256_loadu_si256(xb[0].add(xq) as *const __m256i),
+                    _mm256_loadu_si256(xb[1].add(xq) as *const __m256i),
+                ];
+                let dx = [f16(xb[0]), f16(xb[1])];
+                for r in 0..4 {
+                    let wb = wp[r].add(i * wbs);
+                    let dw = f16(wb);
+                    match t {
+                        DType::Q4_0 => {
+                            let q = _mm256_sub_epi8(nibbles(wb.add(wq)), _mm256_set1_epi8(8));
+                            for c in 0..2 {
+                                let d = _mm256_set1_ps(dw * dx[c]);
+                                acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
+                            }
+                        }
+                        DType::Q4_1 => {
+                            let q = nibbles(wb.add(wq));
+                            let mw = f16(wb.add(2));
+                            for c in 0..2 {
+                                summs[c][r] = mw.mul_add(f16(xb[c].add(2)), summs[c][r]);
+                                let d = _mm256_set1_ps(dw * dx[c]);
+                                let p = _mm256_madd_epi16(
+                                    _mm256_maddubs_epi16(q, y[c]),
+                                    _mm256_set1_epi16(1),
+                                );
+                                acc[c][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[c][r]);
+                            }
+                        }
+                        _ => {
+                            let q = _mm256_loadu_si256(wb.add(wq) as *const __m256i);
+                            for c in 0..2 {
+                                let d = _mm256_set1_ps(dw * dx[c]);
+                                acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
+                            }
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; 4]; 2];
+            for c in 0..2 {
+                for r in 0..4 {
+                    out[c][r] = if t == DType::Q4_1 {
+                        hsum(acc[c][r]) + summs[c][r]
+                    } else {
+                        hsum(acc[c][r])
+                    };
+                }
+            }
+            out
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -592,6 +690,11 @@ mod tests {
                 );
                 let got = vec_dot(crate::simd::isa(), t, &w, &x, k);
                 let four = vec_dot4(crate::simd::isa(), t, [&w, &w, &w, &w], &x, k);
+                let tile = vec_dot_4x2(crate::simd::isa(), t, [&w, &w, &w, &w], [&x, &x], k);
+                assert!(
+                    tile.iter().flatten().all(|v| v.to_bits() == got.to_bits()),
+                    "{t}: 4x2 {tile:?} vs {got}"
+                );
                 assert!(
                     four.iter().all(|v| v.to_bits() == got.to_bits()),
                     "{t}: vec_dot4 {four:?} vs {got}"
