@@ -4,6 +4,7 @@ mod alloc_count;
 mod bench;
 mod conformance;
 mod llm_cmd;
+mod quant_cmd;
 
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
@@ -105,6 +106,8 @@ enum Cmd {
         #[arg(long)]
         no_numpy: bool,
     },
+    /// Quantize a GGUF model like llama.cpp's llama-quantize (types, mixes, metadata).
+    Quantize(quant_cmd::QuantizeArgs),
     /// Check Tessera against golden vectors written by ggml.
     Conformance {
         #[command(subcommand)]
@@ -117,6 +120,11 @@ enum ConformanceCmd {
     /// Rebuild every case of a golden ops file and compare every backend's output with ggml's.
     Ops {
         /// A golden ops file, such as shared/golden/ops.gguf.
+        file: PathBuf,
+    },
+    /// Re-quantize and dequantize a golden quant file's input and compare bit for bit with ggml.
+    Quant {
+        /// A golden quant file, such as shared/golden/quant-gaussian.gguf.
         file: PathBuf,
     },
 }
@@ -183,6 +191,13 @@ fn main() -> ExitCode {
             });
             ExitCode::SUCCESS
         }
+        Cmd::Quantize(args) => quant_cmd::quantize_main(&args),
+        Cmd::Conformance {
+            what: ConformanceCmd::Quant { file },
+        } => match open(&file) {
+            Ok(f) => quant_cmd::conformance_main(&f, &file),
+            Err(c) => c,
+        },
         Cmd::Conformance {
             what: ConformanceCmd::Ops { file },
         } => {
