@@ -233,6 +233,16 @@ pub fn quantize_activations(
                 return Err(format!("{vdt}: {} values into {} bytes", x.len(), y.len()));
             }
             let qs_at = if vdt == DType::Q8_0 { 2 } else { 4 };
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::isa() >= Isa::Avx2 && crate::simd::isa() != Isa::Neon {
+                for (xb, yb) in x.chunks_exact(qk).zip(y.chunks_exact_mut(bs)) {
+                    // SAFETY: AVX2/FMA/F16C present; 32 floats in, bs bytes out.
+                    unsafe {
+                        avx2::quantize_block_q8(xb.as_ptr(), yb.as_mut_ptr(), vdt == DType::Q8_1)
+                    };
+                }
+                return Ok(());
+            }
             for (xb, yb) in x.chunks_exact(qk).zip(y.chunks_exact_mut(bs)) {
                 let max = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
                 let d = max / 127.0;
@@ -595,6 +605,60 @@ mod avx2 {
         }
     }
 
+    /// One block of 32 activations to q8_0 (or q8_1 with its sum), as ggml's AVX2
+    /// `quantize_row_q8_0/1` does; the same bytes as `quantize_activations`' scalar form.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize_block_q8(x: *const f32, y: *mut u8, q8_1: bool) {
+        // SAFETY: 32 readable floats at x; 34 (q8_0) or 36 (q8_1) writable bytes at y.
+        unsafe {
+            let v = [
+                _mm256_loadu_ps(x),
+                _mm256_loadu_ps(x.add(8)),
+                _mm256_loadu_ps(x.add(16)),
+                _mm256_loadu_ps(x.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            for vi in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let max = _mm_cvtss_f32(m4);
+            let d = max / 127.0;
+            let id = if max != 0.0 { 127.0 / max } else { 0.0 };
+            let dh =
+                _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT), 0) as u16;
+            (y as *mut u16).write_unaligned(dh);
+            let mul = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = std::array::from_fn(|j| {
+                _mm256_cvtps_epi32(_mm256_round_ps(
+                    _mm256_mul_ps(v[j], mul),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                ))
+            });
+            if q8_1 {
+                let s =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b10_11_00_01));
+                let sum = _mm_cvtsi128_si32(s4);
+                let sh = _mm_extract_epi16(
+                    _mm_cvtps_ph(_mm_set_ss(d * sum as f32), _MM_FROUND_TO_NEAREST_INT),
+                    0,
+                ) as u16;
+                (y.add(2) as *mut u16).write_unaligned(sh);
+            }
+            let p01 = _mm256_packs_epi32(q[0], q[1]);
+            let p23 = _mm256_packs_epi32(q[2], q[3]);
+            let p = _mm256_packs_epi16(p01, p23);
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(y.add(if q8_1 { 4 } else { 2 }) as *mut __m256i, p);
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -639,6 +703,48 @@ mod tests {
                 ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
             })
             .collect()
+    }
+
+    /// The AVX2 activation quantizer writes the scalar form's bytes.
+    #[test]
+    fn activation_quantizers_agree() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::isa() >= Isa::Avx2 {
+            for seed in 1..40u64 {
+                let mut x = rng_vals(64, seed);
+                if seed % 5 == 0 {
+                    x.iter_mut()
+                        .for_each(|v| *v = (*v * 8.0).round() / 8.0 * 127.0); // exact halves
+                }
+                if seed % 7 == 0 {
+                    x[..32].fill(0.0);
+                }
+                for vdt in [DType::Q8_0, DType::Q8_1] {
+                    let bs = vdt.type_size();
+                    let mut scalar = vec![0u8; 2 * bs];
+                    let qs = if vdt == DType::Q8_0 { 2 } else { 4 };
+                    for (xb, yb) in x.chunks_exact(32).zip(scalar.chunks_exact_mut(bs)) {
+                        let max = xb.iter().fold(0f32, |m, &v| m.max(v.abs()));
+                        let (d, id) = (max / 127.0, if max != 0.0 { 127.0 / max } else { 0.0 });
+                        yb[0..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                        let mut sum = 0i32;
+                        for (j, &v) in xb.iter().enumerate() {
+                            let q = (v * id).round_ties_even() as i32;
+                            sum += q;
+                            yb[qs + j] = q as i8 as u8;
+                        }
+                        if vdt == DType::Q8_1 {
+                            yb[2..4].copy_from_slice(
+                                &half::f16::from_f32(d * sum as f32).to_bits().to_le_bytes(),
+                            );
+                        }
+                    }
+                    let mut simd = vec![0u8; 2 * bs];
+                    quantize_activations(vdt, &x, &mut simd).unwrap();
+                    assert_eq!(simd, scalar, "{vdt} seed {seed}");
+                }
+            }
+        }
     }
 
     /// The SIMD integer kernels agree with the scalar ones (float summation order aside), on
