@@ -145,9 +145,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
             let mut im = rows.start;
             while im < rows.end {
-                // four rows at a time share each activation load (the integer kernels compute
+                // four rows at a time share each activation load (not for q8_0 mat-vec, which is
+                // faster one row at a time: it has no unpacking to share) (the integer kernels compute
                 // every row exactly as the one-row kernel does, so the split does not matter)
-                let group = if local_kernel(a.dtype) && im + 4 <= rows.end {
+                let group = if local_kernel(a.dtype) && (a.dtype != DType::Q8_0 || n >= 2) && im + 4 <= rows.end {
                     4
                 } else {
                     1
