@@ -21,7 +21,9 @@ fn model_path() -> Option<PathBuf> {
     if std::env::var_os("TESSERA_REQUIRE_MODEL").is_some() {
         panic!("TESSERA_REQUIRE_MODEL is set but the model {path:?} does not exist");
     }
-    eprintln!("SKIPPED: model {path:?} not found (set TESSERA_MODEL_PATH or run `tessera run` once)");
+    eprintln!(
+        "SKIPPED: model {path:?} not found (set TESSERA_MODEL_PATH or run `tessera run` once)"
+    );
     None
 }
 
@@ -29,9 +31,9 @@ fn model_path() -> Option<PathBuf> {
 /// this project's AVX2 machines, flash attention on, f16 KV cache), greedy from the raw prompt
 /// "Once upon a time": 48 generated ids, the same at 1 and 2 threads.
 const LLAMA_CPP_AVX2: [u32; 48] = [
-    28, 260, 2240, 282, 1315, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055, 9018,
-    30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624, 2798, 9615, 30, 378,
-    2268, 29, 37314, 3422, 1439, 282, 260, 2240, 2585, 288, 42234, 28, 5170,
+    28, 260, 2240, 282, 1315, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055,
+    9018, 30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624, 2798, 9615, 30,
+    378, 2268, 29, 37314, 3422, 1439, 282, 260, 2240, 2585, 288, 42234, 28, 5170,
 ];
 
 /// The ids the issue quotes from llama.cpp on an AVX-512 machine. ggml's own arithmetic differs
@@ -39,16 +41,27 @@ const LLAMA_CPP_AVX2: [u32; 48] = [
 /// 16-lane groups), and at step 31 the two builds' top logits are 0.014 apart, so they diverge
 /// there; up to it they agree, and so do we.
 const LLAMA_CPP_ISSUE: [u32; 31] = [
-    28, 260, 2240, 282, 1315, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055, 9018,
-    30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624,
+    28, 260, 2240, 282, 1315, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055,
+    9018, 30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624,
 ];
 
 fn greedy(model: &Arc<Model>, threads: usize, n: usize) -> Vec<u32> {
-    let params = ContextParams { n_ctx: 512, n_threads: threads, ..Default::default() };
+    let params = ContextParams {
+        n_ctx: 512,
+        n_threads: threads,
+        ..Default::default()
+    };
     let mut ctx = Context::new(Arc::clone(model), params).unwrap();
-    let mut s = Sampler::new(SamplerParams { temp: 0.0, ..Default::default() });
+    let mut s = Sampler::new(SamplerParams {
+        temp: 0.0,
+        ..Default::default()
+    });
     let prompt = model.tokenizer.encode("Once upon a time", true, false);
-    assert_eq!(prompt, [6403, 1980, 253, 655], "no BOS: the model's metadata says add_bos = false");
+    assert_eq!(
+        prompt,
+        [6403, 1980, 253, 655],
+        "no BOS: the model's metadata says add_bos = false"
+    );
     let mut logits = ctx.eval(&prompt, false).unwrap().to_vec();
     let mut out = Vec::new();
     for _ in 0..n {
@@ -71,10 +84,16 @@ fn greedy_continuation_matches_llama_cpp_token_for_token() {
             assert_eq!(got, LLAMA_CPP_AVX2, "{threads} threads");
         } else {
             // ggml's generic (non-SIMD) arithmetic differs from its AVX2 build; so does ours
-            eprintln!("note: ISA {} — compared with llama.cpp's AVX2 build only up to step 31", isa.name());
+            eprintln!(
+                "note: ISA {} — compared with llama.cpp's AVX2 build only up to step 31",
+                isa.name()
+            );
         }
         let text = model.tokenizer.decode(&got);
-        assert!(text.starts_with(", the city of New Haven was a thriving metropolis"), "{text}");
+        assert!(
+            text.starts_with(", the city of New Haven was a thriving metropolis"),
+            "{text}"
+        );
     }
 }
 
@@ -82,20 +101,49 @@ fn greedy_continuation_matches_llama_cpp_token_for_token() {
 fn batched_prompt_and_token_by_token_agree() {
     let Some(path) = model_path() else { return };
     let model = Arc::new(Model::load(&path).unwrap());
-    let toks = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. It was", true, false);
-    let mut a = Context::new(Arc::clone(&model), ContextParams { n_ctx: 256, n_threads: 2, ..Default::default() }).unwrap();
+    let toks = model.tokenizer.encode(
+        "The quick brown fox jumps over the lazy dog. It was",
+        true,
+        false,
+    );
+    let mut a = Context::new(
+        Arc::clone(&model),
+        ContextParams {
+            n_ctx: 256,
+            n_threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let all = a.eval(&toks, true).unwrap().to_vec();
     let n_vocab = model.hp.n_vocab;
     assert_eq!(all.len(), toks.len() * n_vocab);
-    let mut b = Context::new(Arc::clone(&model), ContextParams { n_ctx: 256, n_threads: 2, n_batch: 3, ..Default::default() }).unwrap();
+    let mut b = Context::new(
+        Arc::clone(&model),
+        ContextParams {
+            n_ctx: 256,
+            n_threads: 2,
+            n_batch: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut last = Vec::new();
     for &t in &toks {
         last = b.eval(&[t], false).unwrap().to_vec();
     }
     let row = &all[(toks.len() - 1) * n_vocab..];
-    let argmax = |v: &[f32]| (0..v.len()).max_by(|&i, &j| v[i].partial_cmp(&v[j]).unwrap()).unwrap();
+    let argmax = |v: &[f32]| {
+        (0..v.len())
+            .max_by(|&i, &j| v[i].partial_cmp(&v[j]).unwrap())
+            .unwrap()
+    };
     assert_eq!(argmax(row), argmax(&last));
-    let max_diff = row.iter().zip(&last).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let max_diff = row
+        .iter()
+        .zip(&last)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     assert!(max_diff < 1e-3, "batched vs one by one: {max_diff}");
 }
 
@@ -104,10 +152,31 @@ fn bad_input_is_reported_with_names_and_lengths() {
     let Some(path) = model_path() else { return };
     let model = Arc::new(Model::load(&path).unwrap());
     // a prompt longer than the context
-    let mut ctx = Context::new(Arc::clone(&model), ContextParams { n_ctx: 8, n_threads: 1, ..Default::default() }).unwrap();
+    let mut ctx = Context::new(
+        Arc::clone(&model),
+        ContextParams {
+            n_ctx: 8,
+            n_threads: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let e = ctx.eval(&[1; 9], false).unwrap_err();
-    assert!(matches!(e, LlmError::ContextFull { n_ctx: 8, n_new: 9, .. }), "{e}");
-    assert!(e.to_string().contains('8') && e.to_string().contains('9'), "{e}");
+    assert!(
+        matches!(
+            e,
+            LlmError::ContextFull {
+                n_ctx: 8,
+                n_new: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains('8') && e.to_string().contains('9'),
+        "{e}"
+    );
     // token ids outside the vocabulary
     let e = ctx.eval(&[u32::MAX], false).unwrap_err().to_string();
     assert!(e.contains("outside the vocabulary"), "{e}");
@@ -117,23 +186,38 @@ fn bad_input_is_reported_with_names_and_lengths() {
     let rewrite = |arch: &str, drop: Option<&str>| -> PathBuf {
         let mut w = GgufWriter::new();
         for (k, v) in &file.metadata {
-            let v = if k == "general.architecture" { Value::from(arch) } else { v.clone() };
+            let v = if k == "general.architecture" {
+                Value::from(arch)
+            } else {
+                v.clone()
+            };
             let k = k.replacen("llama.", &format!("{arch}."), 1);
             w.add_kv(&k, v);
         }
         for t in &file.tensors {
             if Some(t.name.as_str()) != drop {
-                w.add_tensor(&t.name, t.dtype, t.shape(), file.tensor_data(t)).unwrap();
+                w.add_tensor(&t.name, t.dtype, t.shape(), file.tensor_data(t))
+                    .unwrap();
             }
         }
-        let p = std::env::temp_dir().join(format!("tessera-{arch}-{}-{}.gguf", drop.unwrap_or("all").replace('.', "_"), std::process::id()));
+        let p = std::env::temp_dir().join(format!(
+            "tessera-{arch}-{}-{}.gguf",
+            drop.unwrap_or("all").replace('.', "_"),
+            std::process::id()
+        ));
         w.write_file(&p).unwrap();
         p
     };
     let p = rewrite("mamba", None);
-    let e = Model::load(&p).err().expect("unsupported architecture").to_string();
+    let e = Model::load(&p)
+        .err()
+        .expect("unsupported architecture")
+        .to_string();
     std::fs::remove_file(&p).ok();
-    assert!(e.contains("mamba") && e.contains("llama") && e.contains("qwen2") && e.contains("gpt2"), "{e}");
+    assert!(
+        e.contains("mamba") && e.contains("llama") && e.contains("qwen2") && e.contains("gpt2"),
+        "{e}"
+    );
     let p = rewrite("llama", Some("blk.7.ffn_up.weight"));
     let e = Model::load(&p).err().expect("missing tensor").to_string();
     std::fs::remove_file(&p).ok();
@@ -153,6 +237,8 @@ fn f32_kv_cache_and_f32_attention_also_run() {
     };
     let mut ctx = Context::new(Arc::clone(&model), params).unwrap();
     let logits = ctx.eval(&[6403, 1980, 253, 655], false).unwrap();
-    let argmax = (0..logits.len()).max_by(|&i, &j| logits[i].partial_cmp(&logits[j]).unwrap()).unwrap();
+    let argmax = (0..logits.len())
+        .max_by(|&i, &j| logits[i].partial_cmp(&logits[j]).unwrap())
+        .unwrap();
     assert_eq!(argmax, 28, "',' after 'Once upon a time'");
 }

@@ -204,14 +204,14 @@ mod ggml_compat {
     }
 
     /// The state the kernels share: q (rounded) and the accumulator in the row's scratch.
-    unsafe fn run(
-        r: &Row,
-        kt: DType,
-        vt: DType,
-        dot: unsafe fn(*const f32, *const u8, usize) -> f32,
-        mad: unsafe fn(*mut f32, *const u8, f32, usize, bool),
-        scale16: unsafe fn(*mut f32, f32, usize, bool),
-    ) {
+    /// Generic (and always inlined) so that the AVX2 kernel's primitives inline into it.
+    #[inline(always)]
+    unsafe fn run<D, M, S>(r: &Row, kt: DType, vt: DType, dot: D, mad: M, scale16: S)
+    where
+        D: Fn(*const f32, *const u8, usize) -> f32,
+        M: Fn(*mut f32, *const u8, f32, usize, bool),
+        S: Fn(*mut f32, f32, usize, bool),
+    {
         // SAFETY: `blk` holds dk + dv f32 of this thread's scratch; the other pointers follow
         // `compute`'s contract.
         unsafe {
@@ -305,8 +305,18 @@ mod ggml_compat {
                         }
                     }
                 }
-                // SAFETY: forwarded contract.
-                unsafe { run(r, $kt, $vt, dot, mad, scale16) }
+                // SAFETY: forwarded contract; the primitives' own contracts hold for the calls
+                // `run` makes (in-bounds rows of the caller's tensors).
+                unsafe {
+                    run(
+                        r,
+                        $kt,
+                        $vt,
+                        |q, k, n| dot(q, k, n),
+                        |a, v, s, n, b| mad(a, v, s, n, b),
+                        |a, m, n, b| scale16(a, m, n, b),
+                    )
+                }
             }
         };
     }
@@ -337,6 +347,7 @@ mod ggml_compat {
 
         /// q (f32 values already rounded to f16) · k (f16 row), ggml's order: four 8-lane
         /// accumulators over chunks of 32, ggml's reduction, the rest in f64.
+        #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn dot(q: *const f32, k: *const u8, n: usize) -> f32 {
             // SAFETY: n elements at q and k (the caller's contract).
@@ -347,13 +358,15 @@ mod ggml_compat {
                 let mut i = 0;
                 while i < full {
                     for (j, a) in acc.iter_mut().enumerate() {
-                        let kx = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + j * 8) as *const __m128i));
+                        let kx =
+                            _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + j * 8) as *const __m128i));
                         let qy = _mm256_loadu_ps(q.add(i + j * 8));
                         *a = _mm256_fmadd_ps(kx, qy, *a);
                     }
                     i += 32;
                 }
-                let a0 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+                let a0 =
+                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
                 let t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
                 let t1 = _mm_hadd_ps(t0, t0);
                 let mut sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1)) as f64;
@@ -366,6 +379,7 @@ mod ggml_compat {
         }
 
         /// acc = f16(v·vs + acc), fused, 8 lanes at a time.
+        #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn mad(acc: *mut f32, v: *const u8, vs: f32, n: usize, _v16: bool) {
             // SAFETY: n elements at acc and v.
@@ -390,6 +404,7 @@ mod ggml_compat {
         }
 
         /// acc = f16(acc·ms).
+        #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scale16(acc: *mut f32, ms: f32, n: usize, _v16: bool) {
             // SAFETY: n elements at acc.
@@ -398,7 +413,10 @@ mod ggml_compat {
                 let mut i = 0;
                 while i + 8 <= n {
                     let y = _mm256_mul_ps(_mm256_loadu_ps(acc.add(i)), s);
-                    _mm256_storeu_ps(acc.add(i), _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)));
+                    _mm256_storeu_ps(
+                        acc.add(i),
+                        _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT)),
+                    );
                     i += 8;
                 }
                 while i < n {
@@ -410,9 +428,19 @@ mod ggml_compat {
 
         /// # Safety
         /// As for every `Attend`; the CPU has AVX2, FMA and F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub(crate) unsafe fn k16_v16(r: &Row) {
             // SAFETY: forwarded; the wrappers are only called on CPUs with the features.
-            unsafe { run(r, DType::F16, DType::F16, |q, k, n| dot(q, k, n), |a, v, s, n, b| mad(a, v, s, n, b), |a, m, n, b| scale16(a, m, n, b)) }
+            unsafe {
+                run(
+                    r,
+                    DType::F16,
+                    DType::F16,
+                    |q, k, n| dot(q, k, n),
+                    |a, v, s, n, b| mad(a, v, s, n, b),
+                    |a, m, n, b| scale16(a, m, n, b),
+                )
+            }
         }
     }
     scalar_kernels!(k16_v32, DType::F16, DType::F32);

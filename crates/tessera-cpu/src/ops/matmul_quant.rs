@@ -148,7 +148,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 // four rows at a time share each activation load (not for q8_0 mat-vec, which is
                 // faster one row at a time: it has no unpacking to share) (the integer kernels compute
                 // every row exactly as the one-row kernel does, so the split does not matter)
-                let group = if local_kernel(a.dtype) && (a.dtype != DType::Q8_0 || n >= 2) && im + 4 <= rows.end {
+                let group = if local_kernel(a.dtype)
+                    && (a.dtype != DType::Q8_0 || n >= 2)
+                    && im + 4 <= rows.end
+                {
                     4
                 } else {
                     1
@@ -558,6 +561,11 @@ mod avx2 {
                     _mm256_loadu_si256(xb[1].add(xq) as *const __m256i),
                 ];
                 let dx = [f16(xb[0]), f16(xb[1])];
+                let sx = if t == DType::Q4_1 {
+                    [f16(xb[0].add(2)), f16(xb[1].add(2))]
+                } else {
+                    [0.0; 2]
+                };
                 for r in 0..4 {
                     let wb = wp[r].add(i * wbs);
                     let dw = f16(wb);
@@ -573,7 +581,7 @@ mod avx2 {
                             let q = nibbles(wb.add(wq));
                             let mw = f16(wb.add(2));
                             for c in 0..2 {
-                                summs[c][r] = mw.mul_add(f16(xb[c].add(2)), summs[c][r]);
+                                summs[c][r] = mw.mul_add(sx[c], summs[c][r]);
                                 let d = _mm256_set1_ps(dw * dx[c]);
                                 let p = _mm256_madd_epi16(
                                     _mm256_maddubs_epi16(q, y[c]),
