@@ -450,8 +450,13 @@ impl Session {
     pub fn check_support(&self, backend: &dyn Backend) -> Result<()> {
         for &id in &self.plan.nodes {
             let t = self.graph.tensor(id);
-            let src: Vec<DType> = t.src.iter().map(|&s| self.graph.dtype(s)).collect();
-            if !backend.supports(&t.op, &src, t.dtype) {
+            // on the stack: running a planned graph must not allocate
+            let mut types = [DType::F32; 8];
+            let n = t.src.len().min(types.len());
+            for (slot, &s) in types.iter_mut().zip(&t.src) {
+                *slot = self.graph.dtype(s);
+            }
+            if !backend.supports(&t.op, &types[..n], t.dtype) {
                 return Err(Error::Unsupported {
                     backend: backend.name().to_string(),
                     op: format!("{} (node {} '{}')", t.op, id, t.name),

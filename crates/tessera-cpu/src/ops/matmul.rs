@@ -357,8 +357,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // With f16/bf16 weights ggml first converts b to the weights' type; so do we (rounding b
     // to that type, kept as f32 in the work buffer, contiguous), then all threads use it.
     let (bsrc, b) = if conv > 0 {
-        let mut bc = b0.clone();
-        bc.nb = tessera::shape::contiguous_nb(DType::F32, &b0.ne);
+        let bc = BView {
+            ne: b0.ne,
+            nb: tessera::shape::contiguous_nb(DType::F32, &b0.ne),
+        };
         let cols = b0.nrows();
         for col in ctx.share(cols) {
             let (i1, i2, i3) = (
@@ -383,7 +385,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         ctx.barrier();
         (ctx.wdata as *const u8, bc)
     } else {
-        (ctx.src[1], b0.clone())
+        (
+            ctx.src[1],
+            BView {
+                ne: b0.ne,
+                nb: b0.nb,
+            },
+        )
     };
     let b = &b;
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -457,6 +465,14 @@ unsafe fn dot_rows(
     }
 }
 
+/// The shape and byte strides of `b` as the kernels read it (a plain copy: cloning the
+/// `Tensor` would allocate on every run).
+#[derive(Clone, Copy)]
+struct BView {
+    ne: [usize; 4],
+    nb: [usize; 4],
+}
+
 /// How the GEMM splits its work: output tiles of `mchunk` rows of `a` × `nsplit` column ranges
 /// of `b`, for every broadcast batch.
 struct Split {
@@ -487,7 +503,7 @@ fn split_work(m: usize, n: usize, batches: usize, nth: usize) -> Split {
 fn gemm(
     ctx: &NodeCtx,
     a: &Tensor,
-    b: &Tensor,
+    b: &BView,
     bsrc: *const u8,
     scratch_off: usize,
     d: &Tensor,
