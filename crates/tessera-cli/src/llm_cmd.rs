@@ -313,7 +313,6 @@ pub fn perplexity(margs: &ModelArgs, file: &PathBuf) -> CmdResult {
         tokens.len()
     );
     let t0 = Instant::now();
-    let mut line = String::new();
     for c in 0..n_chunk {
         let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
         if model.tokenizer.add_bos() {
@@ -332,8 +331,8 @@ pub fn perplexity(margs: &ModelArgs, file: &PathBuf) -> CmdResult {
             nll2 += lp * lp;
             count += 1;
         }
-        line += &format!("[{}]{:.4},", c + 1, (nll / count as f64).exp());
-        println!("{line}");
+        print!("[{}]{:.4},", c + 1, (nll / count as f64).exp());
+        let _ = std::io::stdout().flush();
         if c == 0 {
             eprintln!("perplexity: {:.2} s per chunk", t0.elapsed().as_secs_f64());
         }
@@ -346,6 +345,7 @@ pub fn perplexity(margs: &ModelArgs, file: &PathBuf) -> CmdResult {
     } else {
         0.0
     };
+    println!();
     println!("Final estimate: PPL = {ppl:.4} +/- {unc:.5}");
     Ok(())
 }
