@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera::op::AttnPrecision;
-use tessera::{Backend, Buffer, DType, ReferenceBackend, Session};
+use tessera::{Backend, Buffer, DType, ReferenceBackend, Session, TensorId};
 use tessera_cpu::CpuBackend;
 
 use crate::error::{LlmError, Result};
@@ -202,11 +202,30 @@ fn planned<'a>(
             params.kv_type,
             params.attn_precision,
         )?;
-        let mut session = Session::new(built.graph.clone(), &[built.logits])?;
-        for (id, name) in &built.weights {
-            let t = model.tensor(name)?;
-            let (bytes, off) = model.tensor_bytes(t);
-            session.bind_external(*id, bytes, off)?;
+        // weights are bound to the mapped file and the cache comes from elsewhere: nothing is
+        // allocated for either
+        let mut weights: HashMap<TensorId, &str> = built
+            .weights
+            .iter()
+            .map(|(id, n)| (*id, n.as_str()))
+            .collect();
+        let cache: Vec<TensorId> = built.cache.iter().flat_map(|&(k, v)| [k, v]).collect();
+        let mut err = None;
+        let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, _| {
+            if let Some(name) = weights.remove(&id) {
+                let r = model.tensor(name).map_err(|e| e.to_string()).and_then(|t| {
+                    let (bytes, off) = model.tensor_bytes(t);
+                    Buffer::external(bytes, off, t.size).map_err(|e| e.to_string())
+                });
+                match r {
+                    Ok(b) => return Some(b),
+                    Err(e) => err = Some(e),
+                }
+            }
+            cache.contains(&id).then(|| Buffer::zeroed(0))
+        })?;
+        if let Some(e) = err {
+            return Err(LlmError::Invalid(e));
         }
         graphs.insert(shape, Planned { built, session });
     }

@@ -238,11 +238,27 @@ pub struct Session {
 impl Session {
     /// Plans `graph` for `outputs` and allocates the arena and the leaves' buffers.
     pub fn new(graph: Graph, outputs: &[TensorId]) -> Result<Session> {
+        Session::with_buffers(graph, outputs, &mut |_, _| None)
+    }
+
+    /// Like [`new`](Session::new), but `provide` may hand over the buffer of any leaf (a
+    /// memory-mapped weight, a cache moved in from another session, or an empty placeholder
+    /// to be filled by [`put_buffer`](Session::put_buffer)); leaves it returns `None` for get
+    /// zeroed memory. Nothing is allocated for a provided leaf — with large weights that
+    /// matters: the allocator may hand out heap memory it must clear, which stays resident.
+    pub fn with_buffers(
+        graph: Graph,
+        outputs: &[TensorId],
+        provide: &mut dyn FnMut(TensorId, &Tensor) -> Option<Buffer>,
+    ) -> Result<Session> {
         let plan = Plan::new(&graph, outputs)?;
         let leaves = plan
             .leaves
             .iter()
-            .map(|&l| Buffer::zeroed(graph.tensor(l).nbytes()))
+            .map(|&l| {
+                let t = graph.tensor(l);
+                provide(l, t).unwrap_or_else(|| Buffer::zeroed(t.nbytes()))
+            })
             .collect();
         let mem = Memory::new(Buffer::zeroed(plan.arena_size), leaves);
         Ok(Session { graph, plan, mem })
