@@ -123,12 +123,12 @@ pub(crate) fn scalar(f: Fun, x: f32) -> f32 {
         Fun::Scale { s, b } => x * s + b,
         Fun::Leaky(slope) => x.max(0.0) + slope * x.min(0.0),
         Fun::Clamp { min, max } => {
-            if x < min {
-                min
-            } else if x > max {
-                max
+            // ggml's MAX(MIN(x, max), min): NaN becomes `max`
+            let m = if x < max { x } else { max };
+            if m > min {
+                m
             } else {
-                x
+                min
             }
         }
         Fun::Unary(u) => match u {
@@ -543,7 +543,8 @@ pub(crate) mod x86 {
                 }
                 Fun::Clamp { min, max } => {
                     let (lo, hi) = (c(min), c(max));
-                    map!(x, y, n, |v| _mm256_max_ps(lo, _mm256_min_ps(hi, v)))
+                    // minps returns its second operand when either is NaN: NaN becomes `hi`
+                    map!(x, y, n, |v| _mm256_max_ps(_mm256_min_ps(v, hi), lo))
                 }
                 Fun::Unary(u) => match u {
                     UnaryOp::Abs => map!(x, y, n, |v| _mm256_andnot_ps(c(-0.0), v)),

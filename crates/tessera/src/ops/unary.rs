@@ -211,7 +211,7 @@ impl Graph {
         self.unary_node(Op::LeakyRelu { negative_slope }, a)
     }
 
-    /// `min(max(x, min), max)`.
+    /// `min(max(x, min), max)`; NaN gives `max`, as in ggml.
     pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId> {
         if min.is_nan() || max.is_nan() || min > max {
             return Err(self.shape_err(
@@ -266,13 +266,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         Op::LeakyRelu { negative_slope } => {
             Box::new(move |x| x.max(0.0) + negative_slope as f64 * x.min(0.0))
         }
+        // ggml's MAX(MIN(x, max), min) with C's comparison macros: NaN becomes `max`
         Op::Clamp { min, max } => Box::new(move |x| {
-            if x < min as f64 {
-                min as f64
-            } else if x > max as f64 {
-                max as f64
+            let m = if x < max as f64 { x } else { max as f64 };
+            if m > min as f64 {
+                m
             } else {
-                x
+                min as f64
             }
         }),
         _ => return Err(n.err("not a unary op")),
@@ -339,6 +339,19 @@ mod tests {
         );
         check(UnaryOp::Sqr, [4.0, 0.25, 0.0, 0.25, 9.0]);
         check(UnaryOp::Silu, x.map(|v| v / (1.0 + (-v).exp())));
+    }
+
+    #[test]
+    fn clamp_turns_nan_into_max_like_ggml() {
+        let mut g = Graph::new();
+        let a = g.new_f32(&[3]).unwrap();
+        let c = g.clamp(a, -1.0, 2.0).unwrap();
+        let out = run1(
+            g,
+            &[(a, vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY])],
+            c,
+        );
+        assert_eq!(out, vec![2.0, 2.0, -1.0]);
     }
 
     #[test]
