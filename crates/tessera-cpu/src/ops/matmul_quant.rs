@@ -169,8 +169,25 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
                         };
                         let mut j = 0;
-                        // two columns at a time share each unpacked weight block (each
+                        // three (then two) columns at a time share each unpacked weight block (each
                         // result computed exactly as the one-row, one-column kernel does)
+                        while j + 3 <= n {
+                            let v = vec_dot_4x3(
+                                ctx.isa,
+                                a.dtype,
+                                ws,
+                                [qcol(j), qcol(j + 1), qcol(j + 2)],
+                                k,
+                            );
+                            for (c, col) in v.iter().enumerate() {
+                                let out =
+                                    ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
+                                for (r, &x) in col.iter().enumerate() {
+                                    *out.add(r) = x;
+                                }
+                            }
+                            j += 3;
+                        }
                         while j + 2 <= n {
                             let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
                             for (c, col) in v.iter().enumerate() {
@@ -305,7 +322,17 @@ pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: as in `vec_dot`.
-        return unsafe { avx2::vec_dot_4x2(t, w, x, k) };
+        return unsafe { avx2::vec_dot_4xc::<2>(t, w, x, k) };
+    }
+    x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
+}
+
+/// Four weight rows against three activation rows (see `vec_dot_4x2`).
+pub fn vec_dot_4x3(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 3], k: usize) -> [[f32; 4]; 3] {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: as in `vec_dot`.
+        return unsafe { avx2::vec_dot_4xc::<3>(t, w, x, k) };
     }
     x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
 }
@@ -541,38 +568,43 @@ mod avx2 {
     /// sequence of operations as `vec_dot` (so the values are identical); the weight block is
     /// unpacked once for both columns.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot_4x2(t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -> [[f32; 4]; 2] {
+    pub unsafe fn vec_dot_4xc<const C: usize>(
+        t: DType,
+        w: [&[u8]; 4],
+        x: [&[u8]; C],
+        k: usize,
+    ) -> [[f32; 4]; C] {
         let nb = k / 32;
         let xp = x.map(|c| c.as_ptr());
         let wp = w.map(|r| r.as_ptr());
         // SAFETY: every row and column hold nb blocks of their formats.
         unsafe {
-            let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-            let mut summs = [[0f32; 4]; 2];
+            let mut acc = [[_mm256_setzero_ps(); 4]; C];
+            let mut summs = [[0f32; 4]; C];
             let (wbs, xbs, wq, xq) = match t {
                 DType::Q4_0 => (18, 34, 2, 2),
                 DType::Q4_1 => (20, 36, 4, 4),
                 _ => (34, 34, 2, 2),
             };
             for i in 0..nb {
-                let xb = [xp[0].add(i * xbs), xp[1].add(i * xbs)];
-                let y = [
-                    _mm256_loadu_si256(xb[0].add(xq) as *const __m256i),
-                    _mm256_loadu_si256(xb[1].add(xq) as *const __m256i),
-                ];
-                let dx = [f16(xb[0]), f16(xb[1])];
-                let sx = if t == DType::Q4_1 {
-                    [f16(xb[0].add(2)), f16(xb[1].add(2))]
-                } else {
-                    [0.0; 2]
-                };
+                let xb: [*const u8; C] = std::array::from_fn(|c| xp[c].add(i * xbs));
+                let y: [__m256i; C] =
+                    std::array::from_fn(|c| _mm256_loadu_si256(xb[c].add(xq) as *const __m256i));
+                let dx: [f32; C] = std::array::from_fn(|c| f16(xb[c]));
+                let sx: [f32; C] = std::array::from_fn(|c| {
+                    if t == DType::Q4_1 {
+                        f16(xb[c].add(2))
+                    } else {
+                        0.0
+                    }
+                });
                 for r in 0..4 {
                     let wb = wp[r].add(i * wbs);
                     let dw = f16(wb);
                     match t {
                         DType::Q4_0 => {
                             let q = _mm256_sub_epi8(nibbles(wb.add(wq)), _mm256_set1_epi8(8));
-                            for c in 0..2 {
+                            for c in 0..C {
                                 let d = _mm256_set1_ps(dw * dx[c]);
                                 acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
                             }
@@ -580,7 +612,7 @@ mod avx2 {
                         DType::Q4_1 => {
                             let q = nibbles(wb.add(wq));
                             let mw = f16(wb.add(2));
-                            for c in 0..2 {
+                            for c in 0..C {
                                 summs[c][r] = mw.mul_add(sx[c], summs[c][r]);
                                 let d = _mm256_set1_ps(dw * dx[c]);
                                 let p = _mm256_madd_epi16(
@@ -592,7 +624,7 @@ mod avx2 {
                         }
                         _ => {
                             let q = _mm256_loadu_si256(wb.add(wq) as *const __m256i);
-                            for c in 0..2 {
+                            for c in 0..C {
                                 let d = _mm256_set1_ps(dw * dx[c]);
                                 acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
                             }
@@ -600,8 +632,8 @@ mod avx2 {
                     }
                 }
             }
-            let mut out = [[0f32; 4]; 2];
-            for c in 0..2 {
+            let mut out = [[0f32; 4]; C];
+            for c in 0..C {
                 for r in 0..4 {
                     out[c][r] = if t == DType::Q4_1 {
                         hsum(acc[c][r]) + summs[c][r]
@@ -806,6 +838,11 @@ mod tests {
                 let got = vec_dot(crate::simd::isa(), t, &w, &x, k);
                 let four = vec_dot4(crate::simd::isa(), t, [&w, &w, &w, &w], &x, k);
                 let tile = vec_dot_4x2(crate::simd::isa(), t, [&w, &w, &w, &w], [&x, &x], k);
+                let tile3 = vec_dot_4x3(crate::simd::isa(), t, [&w, &w, &w, &w], [&x, &x, &x], k);
+                assert!(
+                    tile3.iter().flatten().all(|v| v.to_bits() == got.to_bits()),
+                    "{t}: 4x3 {tile3:?} vs {got}"
+                );
                 assert!(
                     tile.iter().flatten().all(|v| v.to_bits() == got.to_bits()),
                     "{t}: 4x2 {tile:?} vs {got}"
