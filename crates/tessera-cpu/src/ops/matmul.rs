@@ -809,6 +809,8 @@ mod avx2 {
             let mut pa = ap;
             let mut pb = bp;
             for _ in 0..kc {
+                // the b panel streams from L2: fetch a few iterations ahead
+                _mm_prefetch(pb.add(MR * 8) as *const i8, _MM_HINT_T0);
                 let a0 = _mm256_loadu_ps(pa);
                 let a1 = _mm256_loadu_ps(pa.add(8));
                 let b0 = _mm256_broadcast_ss(&*pb);
