@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::graph::{Graph, F32_ONLY, FLOATS};
 use crate::op::Op;
 use crate::reference::{Dense, NodeRef};
-use crate::shape::{fmt_ne, rows_contiguous};
+use crate::shape::{fmt_ne, rows_contiguous, Ne};
 use crate::tensor::TensorId;
 use crate::DType;
 
@@ -54,19 +54,26 @@ impl Graph {
         Ok(())
     }
 
-    /// ggml's `mul_mat(a, b)` = b · aᵀ: a [K, M, a2, a3] (f32, f16, bf16 or quantized; float `a`
-    /// may be any strided view), b [K, N, b2, b3] (f32, f16 or bf16) with `b2 % a2 == 0` and
-    /// `b3 % a3 == 0`; the f32 result [M, N, b2, b3] holds
-    /// `Σ_k a[k, m, i2 / (b2/a2), i3 / (b3/a3)] · b[k, n, i2, i3]`.
-    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        const OP: &str = "mul_mat";
-        self.check_product_types(OP, a, b, FLOATS)?;
+    /// The shape rules mul_mat and out_prod share: `a` and `b` agree on the summed dim, and `a`
+    /// broadcasts over `b` in dims 2 and 3.
+    fn check_product_shapes(
+        &self,
+        op: &'static str,
+        a: TensorId,
+        b: TensorId,
+        summed: usize,
+    ) -> Result<(Ne, Ne)> {
         let (ane, bne) = (self.ne(a), self.ne(b));
-        if ane[0] != bne[0] {
+        if ane[summed] != bne[summed] {
+            let what = if summed == 0 {
+                "row length ne[0]"
+            } else {
+                "ne[1]"
+            };
             return Err(self.shape_err(
-                OP,
+                op,
                 format!(
-                    "a {} and b {} must have the same row length ne[0] (the summed dim)",
+                    "a {} and b {} must have the same {what} (the summed dim)",
                     fmt_ne(&ane),
                     fmt_ne(&bne)
                 ),
@@ -75,7 +82,7 @@ impl Graph {
         }
         if bne[2] % ane[2] != 0 || bne[3] % ane[3] != 0 {
             return Err(self.shape_err(
-                OP,
+                op,
                 format!(
                     "a {} cannot be broadcast over b {} (b's dims 2 and 3 must be multiples of a's)",
                     fmt_ne(&ane),
@@ -84,6 +91,17 @@ impl Graph {
                 &[a, b],
             ));
         }
+        Ok((ane, bne))
+    }
+
+    /// ggml's `mul_mat(a, b)` = b · aᵀ: a [K, M, a2, a3] (f32, f16, bf16 or quantized; float `a`
+    /// may be any strided view), b [K, N, b2, b3] (f32, f16 or bf16) with `b2 % a2 == 0` and
+    /// `b3 % a3 == 0`; the f32 result [M, N, b2, b3] holds
+    /// `Σ_k a[k, m, i2 / (b2/a2), i3 / (b3/a3)] · b[k, n, i2, i3]`.
+    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        const OP: &str = "mul_mat";
+        self.check_product_types(OP, a, b, FLOATS)?;
+        let (ane, bne) = self.check_product_shapes(OP, a, b, 0)?;
         Ok(self.node(
             Op::MulMat,
             DType::F32,
@@ -98,29 +116,7 @@ impl Graph {
     pub fn out_prod(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         const OP: &str = "out_prod";
         self.check_product_types(OP, a, b, F32_ONLY)?;
-        let (ane, bne) = (self.ne(a), self.ne(b));
-        if ane[1] != bne[1] {
-            return Err(self.shape_err(
-                OP,
-                format!(
-                    "a {} and b {} must have the same ne[1] (the summed dim)",
-                    fmt_ne(&ane),
-                    fmt_ne(&bne)
-                ),
-                &[a, b],
-            ));
-        }
-        if bne[2] % ane[2] != 0 || bne[3] % ane[3] != 0 {
-            return Err(self.shape_err(
-                OP,
-                format!(
-                    "a {} cannot be broadcast over b {} (b's dims 2 and 3 must be multiples of a's)",
-                    fmt_ne(&ane),
-                    fmt_ne(&bne)
-                ),
-                &[a, b],
-            ));
-        }
+        let (ane, bne) = self.check_product_shapes(OP, a, b, 1)?;
         Ok(self.node(
             Op::OutProd,
             DType::F32,
