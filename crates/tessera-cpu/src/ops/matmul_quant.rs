@@ -529,8 +529,15 @@ mod avx2 {
                         let (dx, sx) = (f16(xb), f16(xb.add(2)));
                         for r in 0..4 {
                             let wb = wp[r].add(i * 20);
-                            summs[r] = f16(wb.add(2)).mul_add(sx, summs[r]);
-                            let d = _mm256_set1_ps(f16(wb) * dx);
+                            // the next blocks of this row, a few cache lines ahead
+                            _mm_prefetch(wb.add(320) as *const i8, _MM_HINT_T0);
+                            // d and m are adjacent f16: convert both with one instruction
+                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                (wb as *const i32).read_unaligned(),
+                            ));
+                            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+                            summs[r] = mw.mul_add(sx, summs[r]);
+                            let d = _mm256_set1_ps(dw * dx);
                             let p = _mm256_madd_epi16(
                                 _mm256_maddubs_epi16(nibbles(wb.add(4)), y),
                                 _mm256_set1_epi16(1),
@@ -552,6 +559,7 @@ mod avx2 {
                         let dx = f16(xb);
                         for r in 0..4 {
                             let wb = wp[r].add(i * 34);
+                            _mm_prefetch(wb.add(544) as *const i8, _MM_HINT_T0);
                             let d = _mm256_set1_ps(f16(wb) * dx);
                             let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
                             acc[r] = _mm256_fmadd_ps(d, dot_i8(q, y), acc[r]);
@@ -600,7 +608,7 @@ mod avx2 {
                 });
                 for r in 0..4 {
                     let wb = wp[r].add(i * wbs);
-                    let dw = f16(wb);
+                    let dw = if t == DType::Q4_1 { 0.0 } else { f16(wb) };
                     match t {
                         DType::Q4_0 => {
                             let q = _mm256_sub_epi8(nibbles(wb.add(wq)), _mm256_set1_epi8(8));
@@ -611,7 +619,11 @@ mod avx2 {
                         }
                         DType::Q4_1 => {
                             let q = nibbles(wb.add(wq));
-                            let mw = f16(wb.add(2));
+                            // d and m are adjacent f16: one conversion
+                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                (wb as *const i32).read_unaligned(),
+                            ));
+                            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
                             for c in 0..C {
                                 summs[c][r] = mw.mul_add(sx[c], summs[c][r]);
                                 let d = _mm256_set1_ps(dw * dx[c]);
