@@ -194,6 +194,12 @@ pub fn run(
     if toks.is_empty() {
         return Err("the prompt is empty (no tokens)".into());
     }
+    if toks.len() > ctx.params.n_ctx {
+        return Err(err(LlmError::PromptTooLong {
+            n_prompt: toks.len(),
+            n_ctx: ctx.params.n_ctx,
+        }));
+    }
     let t0 = Instant::now();
     let stdout = std::io::stdout();
     if !use_chat {
