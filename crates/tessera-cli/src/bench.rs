@@ -249,6 +249,42 @@ fn bench_layer(cpu: &CpuBackend, reps: usize, t: usize) -> (f64, usize, usize) {
     (time(reps, || s.compute(cpu).unwrap()), allocs, slow)
 }
 
+/// GB/s of weights streamed and GFLOP/s of a quantized mul_mat [K×M]·[K×N].
+fn bench_quant(
+    cpu: &CpuBackend,
+    reps: usize,
+    t: DType,
+    k: usize,
+    m: usize,
+    n: usize,
+) -> (f64, f64) {
+    let mut g = Graph::new();
+    let a = g.new_tensor(t, &[k, m]).unwrap();
+    let b = g.new_f32(&[k, n]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    fill(&mut s, a, 5);
+    fill(&mut s, b, 6);
+    let secs = time(reps, || s.compute(cpu).unwrap());
+    let bytes = t.row_size(k).unwrap_or(0) * m;
+    (
+        bytes as f64 / secs / 1e9,
+        2.0 * (k * m * n) as f64 / secs / 1e9,
+    )
+}
+
+/// The quantized shapes of issue 4: (K, M) for a = [K, M].
+pub const QUANT_SHAPES: [(usize, usize); 3] = [(576, 1536), (1536, 576), (4096, 4096)];
+pub const QUANT_TYPES: [DType; 7] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::IQ4XS,
+];
+
 pub fn run(o: &Opts) {
     println!(
         "tessera bench-ops — CPU backend, ISA {}",
@@ -278,6 +314,27 @@ pub fn run(o: &Opts) {
                     "| [{k}×{m}]·[{k}×{n}] | {th} | {:.1} | n/a | n/a |",
                     ours[i]
                 ),
+            }
+        }
+    }
+    println!();
+    println!("quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens)");
+    println!("| type | shape K×M | threads | mat-vec GB/s | mat-vec GFLOP/s | mat-mat GFLOP/s |");
+    println!("|---|---|---|---|---|---|");
+    for &t in &QUANT_TYPES {
+        for &(k, m) in &QUANT_SHAPES {
+            if k % t.block_size() != 0 {
+                println!(
+                    "| {t} | {k}×{m} | - | n/a: rows of {k} are not whole blocks of {} | | |",
+                    t.block_size()
+                );
+                continue;
+            }
+            for &th in &o.threads {
+                let cpu = CpuBackend::new(th);
+                let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1);
+                let (_, gf512) = bench_quant(&cpu, o.reps.min(2), t, k, m, 512);
+                println!("| {t} | {k}×{m} | {th} | {gbs:.1} | {gf1:.1} | {gf512:.1} |");
             }
         }
     }
