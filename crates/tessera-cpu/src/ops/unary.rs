@@ -132,23 +132,9 @@ pub(crate) fn scalar(f: Fun, x: f32) -> f32 {
             }
         }
         Fun::Unary(u) => match u {
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Sgn => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else {
-                    0.0
-                }
-            }
-            UnaryOp::Neg => -x,
-            UnaryOp::Step => {
-                if x > 0.0 {
-                    1.0
-                } else {
-                    0.0
-                }
+            // exact in any precision: the core's definition (ggml's NaN rules included)
+            UnaryOp::Abs | UnaryOp::Sgn | UnaryOp::Neg | UnaryOp::Step | UnaryOp::Relu => {
+                u.eval(x as f64) as f32
             }
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Elu => {
@@ -156,13 +142,6 @@ pub(crate) fn scalar(f: Fun, x: f32) -> f32 {
                     x
                 } else {
                     x.exp_m1()
-                }
-            }
-            UnaryOp::Relu => {
-                if x > 0.0 {
-                    x
-                } else {
-                    0.0
                 }
             }
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
