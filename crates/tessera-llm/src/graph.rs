@@ -25,10 +25,37 @@ pub struct Shape {
 /// The cache length attended over grows in steps of this many positions.
 pub const KV_PAD: usize = 256;
 
+/// The shape of a multi-sequence graph (`crate::batch`): several sequences share one interleaved
+/// cache, so the cache rows written are an input of their own, and the logits are those of
+/// chosen batch rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchShape {
+    /// Tokens in the batch, all sequences together.
+    pub n_tokens: usize,
+    /// Cache rows attended over (a multiple of `KV_PAD`, at most the cache's rows).
+    pub n_kv: usize,
+    /// Batch rows whose logits are computed (at least 1).
+    pub n_out: usize,
+}
+
+/// Which rows of the last hidden state go through the output layer.
+#[derive(Clone, Copy)]
+enum Outputs {
+    All,
+    Last,
+    /// `n` rows picked by an i32 input (`BuiltGraph::out_ids`).
+    Rows(usize),
+}
+
 pub struct BuiltGraph {
     pub graph: Graph,
     pub tokens: TensorId,
     pub pos: TensorId,
+    /// The cache row each token's K and V go to: `pos` itself for one sequence, an input of its
+    /// own for a multi-sequence graph.
+    pub rows: TensorId,
+    /// The batch rows whose logits are computed (multi-sequence graphs only).
+    pub out_ids: Option<TensorId>,
     pub mask: TensorId,
     pub logits: TensorId,
     /// (k, v) cache leaves per layer.
@@ -94,8 +121,50 @@ pub fn build(
     kv_type: DType,
     attn: AttnPrecision,
 ) -> Result<BuiltGraph> {
+    let out = if shape.all_logits {
+        Outputs::All
+    } else {
+        Outputs::Last
+    };
+    build_inner(
+        model,
+        (shape.n_tokens, shape.n_kv, n_ctx),
+        out,
+        false,
+        kv_type,
+        attn,
+    )
+}
+
+/// Builds the multi-sequence graph of `model` for `shape`, with a cache of `n_rows` rows.
+pub fn build_batch(
+    model: &Model,
+    shape: BatchShape,
+    n_rows: usize,
+    kv_type: DType,
+    attn: AttnPrecision,
+) -> Result<BuiltGraph> {
+    build_inner(
+        model,
+        (shape.n_tokens, shape.n_kv, n_rows),
+        Outputs::Rows(shape.n_out.max(1)),
+        true,
+        kv_type,
+        attn,
+    )
+}
+
+/// `dims`: tokens in the batch, cache rows attended over, cache rows in all.
+fn build_inner(
+    model: &Model,
+    dims: (usize, usize, usize),
+    outputs: Outputs,
+    separate_rows: bool,
+    kv_type: DType,
+    attn: AttnPrecision,
+) -> Result<BuiltGraph> {
     let hp = &model.hp;
-    let (t, n_kv) = (shape.n_tokens, shape.n_kv);
+    let (t, n_kv, n_ctx) = dims;
     let (hd, nh, nkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
     let kv_dim = hd * nkv;
     let mut b = Builder {
@@ -109,6 +178,23 @@ pub fn build(
     let pos = b.g.new_tensor(DType::I32, &[t])?;
     b.g.set_name(pos, "pos");
     b.g.set_input(pos);
+    let rows = if separate_rows {
+        let r = b.g.new_tensor(DType::I32, &[t])?;
+        b.g.set_name(r, "rows");
+        b.g.set_input(r);
+        r
+    } else {
+        pos
+    };
+    let out_ids = match outputs {
+        Outputs::Rows(n) => {
+            let o = b.g.new_tensor(DType::I32, &[n])?;
+            b.g.set_name(o, "out_ids");
+            b.g.set_input(o);
+            Some(o)
+        }
+        _ => None,
+    };
     let mask = b.g.new_tensor(DType::F16, &[n_kv, t])?;
     b.g.set_name(mask, "mask");
     b.g.set_input(mask);
@@ -204,8 +290,8 @@ pub fn build(
         };
         // write this batch's K and V rows at their positions, then attend over the first n_kv
         let k2 = b.g.reshape(k, &[kv_dim, t])?;
-        let kw = b.g.set_rows(kc, k2, pos)?;
-        let vw = b.g.set_rows(vc, v, pos)?;
+        let kw = b.g.set_rows(kc, k2, rows)?;
+        let vw = b.g.set_rows(vc, v, rows)?;
         let es = kv_type.type_size();
         let kview = b.g.view(kw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
         let vview = b.g.view(vw, &[hd, n_kv, nkv], &[kv_dim * es, hd * es], 0)?;
@@ -250,14 +336,18 @@ pub fn build(
         x = b.g.add(y, ffn_in)?;
     }
     // only the last token's logits when generating
-    if !shape.all_logits && t > 1 {
-        let last = b.g.view(
-            x,
-            &[hp.n_embd, 1],
-            &[b.g.tensor(x).nb[1]],
-            (t - 1) * b.g.tensor(x).nb[1],
-        )?;
-        x = b.g.cont(last)?;
+    match (outputs, out_ids) {
+        (Outputs::Last, _) if t > 1 => {
+            let last = b.g.view(
+                x,
+                &[hp.n_embd, 1],
+                &[b.g.tensor(x).nb[1]],
+                (t - 1) * b.g.tensor(x).nb[1],
+            )?;
+            x = b.g.cont(last)?;
+        }
+        (Outputs::Rows(_), Some(ids)) => x = b.g.get_rows(x, ids)?,
+        _ => {}
     }
     let h = match model.arch {
         Arch::Gpt2 => b.layer_norm(x, "output_norm.weight", "output_norm.bias")?,
@@ -275,6 +365,8 @@ pub fn build(
         graph: b.g,
         tokens,
         pos,
+        rows,
+        out_ids,
         mask,
         logits,
         cache,

@@ -15,6 +15,7 @@
 //! }
 //! ```
 
+pub mod batch;
 pub mod chat;
 pub mod context;
 pub mod error;

@@ -12,19 +12,7 @@ use tessera_gguf::{GgufFile, GgufWriter, Value};
 use tessera_llm::{Context, ContextParams, LlmError, Model, Sampler, SamplerParams};
 
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("TESSERA_MODEL_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| tessera_llm::fetch::cache_dir().join(tessera_llm::fetch::DEFAULT_FILE));
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var_os("TESSERA_REQUIRE_MODEL").is_some() {
-        panic!("TESSERA_REQUIRE_MODEL is set but the model {path:?} does not exist");
-    }
-    eprintln!(
-        "SKIPPED: model {path:?} not found (set TESSERA_MODEL_PATH or run `tessera run` once)"
-    );
-    None
+    tessera_llm::fetch::model_for_tests()
 }
 
 /// llama.cpp (this workspace's llama-cpp-python 0.3.36 vendor copy, built with -march=native on
