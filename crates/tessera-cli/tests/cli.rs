@@ -49,8 +49,16 @@ fn conformance_ops_passes_every_golden_case() {
         "failing cases:\n{}\n{err}",
         failures.join("\n")
     );
-    // 112 cases on two backends (reference and cpu)
-    assert_eq!(last, "224 passed, 0 failed", "{out}\n{err}");
+    // 112 cases on two backends (reference and cpu), plus ggml's 32 grad* tensors compared on
+    // both backends
+    assert_eq!(last, "288 passed, 0 failed", "{out}\n{err}");
+    for grad in ["mul_mat.grad1", "rms_norm.grad0", "soft_max.grad0", "cross_entropy_loss.grad0", "get_rows.grad0", "rope_ext.grad0"] {
+        assert_eq!(
+            out.lines().filter(|l| l.contains(grad) && l.contains("PASS")).count(),
+            2,
+            "{grad} must be compared and pass on both backends:\n{out}"
+        );
+    }
     assert_eq!(code, 0);
     // one line per case and backend, each naming case, op, backend and nmse
     let c045 = out

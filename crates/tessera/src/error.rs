@@ -27,6 +27,15 @@ pub enum Error {
         node: String,
         msg: String,
     },
+    /// Autodiff needs a gradient through an op that has none (argmax, step, …) or through an
+    /// input of an op that is not differentiable in it (indices, masks, …).
+    #[error("{op} (node {node}) is not differentiable with respect to input {input}: {why}")]
+    NotDifferentiable {
+        op: &'static str,
+        node: String,
+        input: usize,
+        why: String,
+    },
     /// Anything about graphs, data or planning that is not a shape error.
     #[error("{0}")]
     Invalid(String),

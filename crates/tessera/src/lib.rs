@@ -15,6 +15,7 @@
 //! ```
 
 pub mod alloc;
+pub mod autodiff;
 pub mod backend;
 pub mod dtype;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod shape;
 pub mod tensor;
 
 pub use alloc::Plan;
+pub use autodiff::Gradients;
 pub use backend::{Backend, Buffer, ExternalBytes, Memory, RawRegion, Session};
 pub use dtype::DType;
 pub use error::{Error, Result};

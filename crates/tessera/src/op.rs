@@ -8,7 +8,8 @@ pub use crate::ops::glu::GluKind;
 pub use crate::ops::misc::UpscaleMode;
 pub use crate::ops::rope::RopeParams;
 pub use crate::ops::sort::SortOrder;
-pub use crate::ops::unary::UnaryOp;
+pub use crate::ops::norm::NormBackKind;
+pub use crate::ops::unary::{Deriv, UnaryOp};
 
 /// Where `acc`/`set` write `b` inside `a`: strides and a byte offset, as ggml takes them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -159,6 +160,33 @@ pub enum Op {
         dim: usize,
         max_period: i32,
     },
+    /// A tensor of one value (no sources): the zeros autodiff starts from.
+    Fill {
+        value: f32,
+    },
+
+    // ----- backward ops (built by autodiff; each in its forward op's family file)
+    /// `grad * f'(x)`: sources grad, x (ops/unary.rs).
+    UnaryBack(Deriv),
+    /// Gradient of a normalisation: sources grad, x (ops/norm.rs).
+    NormBack(NormBackKind),
+    /// Scatter-add of gradient rows into the gathered tensor's shape (the node's shape):
+    /// sources grad, idx (ops/rows.rs).
+    GetRowsBack,
+    /// Gradient of conv_2d: sources grad, kernel, input; w.r.t. the kernel or the input
+    /// (ops/conv.rs).
+    Conv2dBack {
+        p: Conv2dParams,
+        wrt_kernel: bool,
+    },
+    /// Gradient of im2col w.r.t. its input: sources grad, kernel, input (ops/conv.rs).
+    Im2colBack(Im2colParams),
+    /// Gradient of pool_2d: sources grad, input (ops/conv.rs).
+    Pool2dBack(Pool2dParams),
+    /// Gradient of nearest-neighbour upscale: sources grad, input (ops/misc.rs).
+    UpscaleBack {
+        mode: UpscaleMode,
+    },
 }
 
 impl Op {
@@ -218,6 +246,14 @@ impl Op {
             Op::Upscale { .. } => "upscale",
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
+            Op::Fill { .. } => "fill",
+            Op::UnaryBack(_) => "unary_back",
+            Op::NormBack(_) => "norm_back",
+            Op::GetRowsBack => "get_rows_back",
+            Op::Conv2dBack { .. } => "conv_2d_back",
+            Op::Im2colBack(_) => "im2col_back",
+            Op::Pool2dBack(_) => "pool_2d_back",
+            Op::UpscaleBack { .. } => "upscale_back",
         }
     }
 

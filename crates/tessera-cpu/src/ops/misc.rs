@@ -27,6 +27,7 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
         Op::Upscale { .. } => t.dtype == DType::F32 && src(0).dtype == DType::F32,
         Op::Arange { .. } => t.dtype == DType::F32,
         Op::TimestepEmbedding { .. } => t.dtype == DType::F32 && src(0).dtype == DType::F32,
+        Op::Fill { .. } => t.dtype == DType::F32,
         _ => false,
     }
 }
@@ -42,8 +43,20 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Op::Upscale { mode } => upscale(ctx, mode),
         Op::Arange { start, step, .. } => arange(ctx, start, step),
         Op::TimestepEmbedding { dim, max_period } => timestep_embedding(ctx, dim, max_period),
+        Op::Fill { value } => fill(ctx, value),
         _ => Err(ctx.err("not a misc op")),
     }
+}
+
+fn fill(ctx: &NodeCtx, value: f32) -> Result<()> {
+    let n = ctx.t.nelements();
+    let range = ctx.share(n);
+    // SAFETY: the node is contiguous f32 (see `handles`) and this thread writes only its share.
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut((ctx.dst as *mut f32).add(range.start), range.len())
+    };
+    dst.fill(value);
+    Ok(())
 }
 
 fn pad(ctx: &NodeCtx) -> Result<()> {

@@ -80,9 +80,16 @@ fn family(op: &Op) -> Family {
         Op::CrossEntropyLoss => Family::Loss,
         Op::OptStepAdamw | Op::OptStepSgd => Family::Optim,
         Op::Conv2d(_) | Op::Im2col(_) | Op::Pool2d(_) => Family::Conv,
-        Op::Pad { .. } | Op::Upscale { .. } | Op::Arange { .. } | Op::TimestepEmbedding { .. } => {
-            Family::Misc
-        }
+        Op::Pad { .. }
+        | Op::Upscale { .. }
+        | Op::Arange { .. }
+        | Op::TimestepEmbedding { .. }
+        | Op::Fill { .. }
+        | Op::UpscaleBack { .. } => Family::Misc,
+        Op::UnaryBack(_) => Family::Unary,
+        Op::NormBack(_) => Family::Norm,
+        Op::GetRowsBack => Family::Rows,
+        Op::Conv2dBack { .. } | Op::Im2colBack(_) | Op::Pool2dBack(_) => Family::Conv,
     }
 }
 

@@ -24,7 +24,11 @@ use crate::simd::Isa;
 /// Whether this family's kernels handle node `t` (types, layout); otherwise the fallback runs.
 pub fn handles(graph: &Graph, t: &Tensor) -> bool {
     let a = graph.tensor(t.src[0]);
-    a.dtype == DType::F32 && t.dtype == DType::F32 && t.is_contiguous() && a.ne == t.ne
+    !matches!(t.op, Op::NormBack(_))
+        && a.dtype == DType::F32
+        && t.dtype == DType::F32
+        && t.is_contiguous()
+        && a.ne == t.ne
 }
 
 /// Scratch bytes node `t` needs with `nth` threads (none: the destination is the scratch).

@@ -93,7 +93,8 @@ fn rope_yarn_f32(theta_extrap: f32, k: usize, p: &RopeParams, corr: (f32, f32)) 
         theta = theta_interp.mul_add(1.0 - ramp_mix, theta_extrap * ramp_mix);
         mscale *= 0.1f32.mul_add((1.0 / p.freq_scale).ln(), 1.0);
     }
-    (theta.cos() * mscale, theta.sin() * mscale)
+    let sin = theta.sin() * mscale;
+    (theta.cos() * mscale, if p.inverse { -sin } else { sin })
 }
 
 pub fn compute(ctx: &NodeCtx) -> Result<()> {

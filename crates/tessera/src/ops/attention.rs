@@ -288,6 +288,62 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     Ok(out)
 }
 
+
+impl Graph {
+    /// Backward of flash_attn_ext: the attention is rebuilt from primitives on the same inputs
+    /// (`softmax(scale·K·Q + mask)` then `V·P`, with the soft-cap's tanh when set) and that
+    /// decomposition is differentiated, so q, k, v (and the mask, without ALiBi) get exact
+    /// gradients of the f32 attention.
+    pub(crate) fn backward_attention(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let Op::FlashAttnExt(p) = t.op else {
+            return Err(self.not_diff(bw.node, 0, "not flash_attn_ext"));
+        };
+        let (q, k, v) = (t.src[0], t.src[1], t.src[2]);
+        let mask = t.src.get(3).copied();
+        let kq = self.mul_mat(k, q)?; // [n_kv, n_q, H, B]
+        let (kq, sm_scale) = if p.logit_softcap != 0.0 {
+            let s = self.scale(kq, p.scale / p.logit_softcap)?;
+            let th = self.tanh(s)?;
+            (self.scale(th, p.logit_softcap)?, 1.0)
+        } else {
+            (kq, p.scale)
+        };
+        let n_q = self.ne(q)[1];
+        let mask_v = match mask {
+            Some(m) if self.ne(m)[1] != n_q => {
+                let mt = self.tensor(m).clone();
+                let ne = [mt.ne[0], n_q, mt.ne[2], mt.ne[3]];
+                let view = self.view(m, &ne, &[mt.nb[1], mt.nb[2], mt.nb[3]], 0)?;
+                Some(self.cont(view)?)
+            }
+            other => other,
+        };
+        let pr = self.soft_max_ext(kq, mask_v, sm_scale, p.max_bias)?;
+        let vt = self.transposed(v)?; // [n_kv, Dv, H_kv, B]
+        let o = self.mul_mat(vt, pr)?; // [Dv, n_q, H, B]
+        let out = self.permute(o, [0, 2, 1, 3])?; // [Dv, H, n_q, B]
+        let mut targets = vec![q, k, v];
+        if bw.wants(3) {
+            targets.extend(mask_v);
+        }
+        let found = self.backprop(&[(out, bw.grad)], &targets)?;
+        let mut res: crate::autodiff::Grads = vec![None; t.src.len()];
+        for i in 0..3 {
+            if bw.wants(i) {
+                res[i] = found[i];
+            }
+        }
+        if bw.wants(3) {
+            if mask_v != mask {
+                return Err(self.not_diff(bw.node, 3, "a padded mask (more rows than queries) is not differentiated"));
+            }
+            res[3] = found[3];
+        }
+        Ok(res)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ops::softmax::alibi_slope;

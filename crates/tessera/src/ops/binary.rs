@@ -184,6 +184,84 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }))
 }
 
+
+impl Graph {
+    /// Backward of the element-wise binary ops, with `b` broadcast over `a`: the gradient of
+    /// `b` is summed back over the broadcast dims.
+    pub(crate) fn backward_binary(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let (a, b) = (t.src[0], t.src[1]);
+        let g = bw.grad;
+        let mut ga = None;
+        let mut gb = None;
+        match t.op {
+            Op::Add => {
+                ga = Some(g);
+                if bw.wants(1) {
+                    gb = Some(self.reduce_to(g, b)?);
+                }
+            }
+            Op::Sub => {
+                ga = Some(g);
+                if bw.wants(1) {
+                    let r = self.reduce_to(g, b)?;
+                    gb = Some(self.scale(r, -1.0)?);
+                }
+            }
+            Op::Mul => {
+                if bw.wants(0) {
+                    ga = Some(self.mul(g, b)?);
+                }
+                if bw.wants(1) {
+                    let p = self.mul(g, a)?;
+                    gb = Some(self.reduce_to(p, b)?);
+                }
+            }
+            Op::Div => {
+                if bw.wants(0) {
+                    ga = Some(self.div(g, b)?);
+                }
+                if bw.wants(1) {
+                    // d(a/b)/db = -a/b² = -out/b
+                    let p = self.mul(g, bw.node)?;
+                    let q = self.div(p, b)?;
+                    let r = self.reduce_to(q, b)?;
+                    gb = Some(self.scale(r, -1.0)?);
+                }
+            }
+            Op::Add1 => {
+                ga = Some(g);
+                if bw.wants(1) {
+                    let s = self.sum(g)?;
+                    let ne = self.ne(b);
+                    gb = Some(self.reshape(s, &ne)?);
+                }
+            }
+            Op::Acc(r) | Op::Set(r) => {
+                if bw.wants(0) {
+                    ga = Some(match t.op {
+                        Op::Acc(_) => g,
+                        _ => {
+                            let ne = self.ne(b);
+                            let z = self.fill(&ne, 0.0)?;
+                            let gc = self.contig(g)?;
+                            self.set(gc, z, r.nb1, r.nb2, r.nb3, r.offset)?
+                        }
+                    });
+                }
+                if bw.wants(1) {
+                    let gc = self.contig(g)?;
+                    let ne = self.ne(b);
+                    let v = self.view(gc, &ne, &[r.nb1, r.nb2, r.nb3], r.offset)?;
+                    gb = Some(self.cont(v)?);
+                }
+            }
+            _ => return Err(self.not_diff(bw.node, 0, "not a binary op")),
+        }
+        Ok(vec![ga, gb])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ops::testutil::*;

@@ -308,6 +308,50 @@ impl Graph {
 }
 
 /// `d` rounded to f16 (round to nearest even, as ggml converts).
+impl Graph {
+    /// Gradient of `conv_2d(kernel, input, …)` w.r.t. the kernel (`wrt_kernel`) or the input;
+    /// `grad` has the convolution's output shape. f32 result of that operand's shape.
+    pub fn conv_2d_back(
+        &mut self,
+        grad: TensorId,
+        kernel: TensorId,
+        input: TensorId,
+        p: Conv2dParams,
+        wrt_kernel: bool,
+    ) -> Result<TensorId> {
+        const OP: &str = "conv_2d_back";
+        self.check_types(OP, &[grad, kernel, input], &[&[DType::F32], FLOATS, FLOATS])?;
+        let ne = self.ne(if wrt_kernel { kernel } else { input });
+        Ok(self.node(Op::Conv2dBack { p, wrt_kernel }, DType::F32, ne, &[grad, kernel, input]))
+    }
+
+    /// Gradient of `im2col(kernel, input, …)` w.r.t. the input: every column entry added back
+    /// to the input element it was copied from.
+    pub fn im2col_back(
+        &mut self,
+        grad: TensorId,
+        kernel: TensorId,
+        input: TensorId,
+        p: Im2colParams,
+    ) -> Result<TensorId> {
+        const OP: &str = "im2col_back";
+        self.check_types(OP, &[grad], &[&[DType::F32]])?;
+        self.check_id(OP, kernel)?;
+        self.check_id(OP, input)?;
+        let ne = self.ne(input);
+        Ok(self.node(Op::Im2colBack(p), DType::F32, ne, &[grad, kernel, input]))
+    }
+
+    /// Gradient of `pool_2d(a, …)` w.r.t. `a`: max pooling routes each gradient to the element
+    /// the forward op picked, average pooling spreads it over the window.
+    pub fn pool_2d_back(&mut self, grad: TensorId, a: TensorId, p: Pool2dParams) -> Result<TensorId> {
+        const OP: &str = "pool_2d_back";
+        self.check_types(OP, &[grad, a], &[&[DType::F32], FLOATS])?;
+        let ne = self.ne(a);
+        Ok(self.node(Op::Pool2dBack(p), DType::F32, ne, &[grad, a]))
+    }
+}
+
 fn to_f16(d: &Dense) -> Dense {
     Dense {
         ne: d.ne,
@@ -400,7 +444,125 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
                 }
             }))
         }
+        Op::Conv2dBack { p, wrt_kernel } => {
+            let g = &src[0];
+            let (k, x) = if n.src(1).dtype == DType::BF16 {
+                (src[1].clone(), src[2].clone())
+            } else {
+                (to_f16(&src[1]), to_f16(&src[2]))
+            };
+            let (kw, kh, cin) = (k.ne[0], k.ne[1], k.ne[2]);
+            let mut out = Dense::zeros(ne);
+            Dense::for_each_index(&g.ne, |ow, oh, oc, b| {
+                let gv = g.at(ow, oh, oc, b);
+                for ic in 0..cin {
+                    for ky in 0..kh {
+                        let Some(iy) = tap(oh, ky, p.s1, p.p1, p.d1, x.ne[1]) else {
+                            continue;
+                        };
+                        for kx in 0..kw {
+                            if let Some(ix) = tap(ow, kx, p.s0, p.p0, p.d0, x.ne[0]) {
+                                if wrt_kernel {
+                                    let i = out.idx(kx, ky, ic, oc);
+                                    out.data[i] += gv * x.at(ix, iy, ic, b);
+                                } else {
+                                    let i = out.idx(ix, iy, ic, b);
+                                    out.data[i] += gv * k.at(kx, ky, ic, oc);
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+            Ok(out)
+        }
+        Op::Im2colBack(p) => {
+            let g = &src[0];
+            let kt = n.src(1);
+            let (kw, kh) = (kt.ne[0], if p.is_2d { kt.ne[1] } else { 1 });
+            let xne = ne;
+            let mut out = Dense::zeros(ne);
+            Dense::for_each_index(&g.ne, |i0, ow, i2, i3| {
+                let (kx, ky, ic) = (i0 % kw, i0 / kw % kh, i0 / (kw * kh));
+                let gv = g.at(i0, ow, i2, i3);
+                let ix = tap(ow, kx, p.s0, p.p0, p.d0, xne[0]);
+                if p.is_2d {
+                    if let (Some(ix), Some(iy)) = (ix, tap(i2, ky, p.s1, p.p1, p.d1, xne[1])) {
+                        let i = out.idx(ix, iy, ic, i3);
+                        out.data[i] += gv;
+                    }
+                } else if let Some(ix) = ix {
+                    let i = out.idx(ix, ic, i2, 0);
+                    out.data[i] += gv;
+                }
+            });
+            Ok(out)
+        }
+        Op::Pool2dBack(p) => {
+            let (g, a) = (&src[0], &src[1]);
+            let mut out = Dense::zeros(ne);
+            Dense::for_each_index(&g.ne, |ox, oy, c, b| {
+                let gv = g.at(ox, oy, c, b);
+                let mut best: Option<(usize, usize)> = None;
+                let mut res = -(f32::MAX as f64);
+                for ky in 0..p.k1 {
+                    let Some(iy) = tap(oy, ky, p.s1, p.p1, 1, a.ne[1]) else {
+                        continue;
+                    };
+                    for kx in 0..p.k0 {
+                        let Some(ix) = tap(ox, kx, p.s0, p.p0, 1, a.ne[0]) else {
+                            continue;
+                        };
+                        match p.kind {
+                            PoolKind::Max => {
+                                let v = a.at(ix, iy, c, b);
+                                if !(v < res) {
+                                    res = v;
+                                    best = Some((ix, iy));
+                                }
+                            }
+                            PoolKind::Avg => {
+                                let i = out.idx(ix, iy, c, b);
+                                out.data[i] += gv / (p.k0 * p.k1) as f64;
+                            }
+                        }
+                    }
+                }
+                if let Some((ix, iy)) = best {
+                    let i = out.idx(ix, iy, c, b);
+                    out.data[i] += gv;
+                }
+            });
+            Ok(out)
+        }
         _ => Err(n.err("not a convolution or pooling op")),
+    }
+}
+
+
+impl Graph {
+    /// Backward of conv_2d (both operands), im2col (its input) and pool_2d, through their
+    /// `*_back` nodes. conv_2d rounds its operands to f16 like ggml; the rounding is treated
+    /// as the identity (its derivative almost everywhere).
+    pub(crate) fn backward_conv(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let g = self.contig(bw.grad)?;
+        match t.op {
+            Op::Conv2d(p) => {
+                let (k, x) = (t.src[0], t.src[1]);
+                let gk = if bw.wants(0) { Some(self.conv_2d_back(g, k, x, p, true)?) } else { None };
+                let gx = if bw.wants(1) { Some(self.conv_2d_back(g, k, x, p, false)?) } else { None };
+                Ok(vec![gk, gx])
+            }
+            Op::Im2col(p) => {
+                if bw.wants(0) {
+                    return Err(self.not_diff(bw.node, 0, "im2col uses only the kernel's shape"));
+                }
+                Ok(vec![None, Some(self.im2col_back(g, t.src[0], t.src[1], p)?)])
+            }
+            Op::Pool2d(p) => Ok(vec![Some(self.pool_2d_back(g, t.src[0], p)?)]),
+            _ => Err(self.not_diff(bw.node, 0, "not a convolution")),
+        }
     }
 }
 

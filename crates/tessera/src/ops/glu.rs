@@ -224,6 +224,45 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }))
 }
 
+
+impl Graph {
+    /// Backward of the gated linear units: with `out = act(x)·y`, `dx = grad·y·act'(x)` and
+    /// `dy = grad·act(x)`; the fused form concatenates the two halves' gradients back.
+    pub(crate) fn backward_glu(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let Op::Glu { kind, swapped } = t.op else {
+            return Err(self.not_diff(bw.node, 0, "not a glu op"));
+        };
+        let act = kind.activation();
+        let g = bw.grad;
+        let (x, y) = if t.src.len() == 2 {
+            (t.src[0], t.src[1])
+        } else {
+            let a = t.src[0];
+            let at = self.tensor(a).clone();
+            let n = at.ne[0] / 2;
+            let ne = [n, at.ne[1], at.ne[2], at.ne[3]];
+            let nb = [at.nb[1], at.nb[2], at.nb[3]];
+            let first = self.view(a, &ne, &nb, 0)?;
+            let second = self.view(a, &ne, &nb, n * at.dtype.type_size())?;
+            if swapped {
+                (second, first)
+            } else {
+                (first, second)
+            }
+        };
+        let gy_raw = self.mul(g, y)?;
+        let gx = self.unary_back(gy_raw, x, crate::ops::unary::Deriv::Unary(act))?;
+        let ax = self.unary(x, act)?;
+        let gy = self.mul(g, ax)?;
+        if t.src.len() == 2 {
+            return Ok(vec![bw.wants(0).then_some(gx), bw.wants(1).then_some(gy)]);
+        }
+        let (g0, g1) = if swapped { (gy, gx) } else { (gx, gy) };
+        Ok(vec![Some(self.concat(g0, g1, 0)?)])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,6 +63,33 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     })
 }
 
+
+impl Graph {
+    /// Backward of cross_entropy_loss (mean over rows of `-Σ labels·log_softmax(logits)`):
+    /// `dlogits = (softmax(logits) - labels)·grad/nrows` (assuming rows of labels sum to 1, as
+    /// ggml does) and `dlabels = -log_softmax(logits)·grad/nrows`.
+    pub(crate) fn backward_loss(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let (x, y) = (t.src[0], t.src[1]);
+        let nr = self.tensor(x).nrows() as f32;
+        let xc = self.contig(x)?;
+        let sm = self.soft_max(xc)?;
+        let mut ga = None;
+        let mut gb = None;
+        if bw.wants(0) {
+            let d = self.sub(sm, y)?;
+            let s = self.scale(d, 1.0 / nr)?;
+            ga = Some(self.mul(s, bw.grad)?);
+        }
+        if bw.wants(1) {
+            let ls = self.log(sm)?;
+            let s = self.scale(ls, -1.0 / nr)?;
+            gb = Some(self.mul(s, bw.grad)?);
+        }
+        Ok(vec![ga, gb])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ops::testutil::*;

@@ -165,6 +165,79 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
+
+impl Graph {
+    /// Backward of mul_mat and out_prod. For `out = mul_mat(a, b)` (`out[m,n] = Σk a[k,m]·b[k,n]`):
+    /// - `db = mul_mat(aᵀ, grad)` for f32/f16/bf16 `a` (the transposed copy keeps `a`'s type);
+    ///   for a quantized `a`, `db = out_prod(a, gradᵀ)`, which reads `a` a row at a time: no
+    ///   gradient and no f32 copy of the frozen weight is ever made;
+    /// - `da = mul_mat(bᵀ, gradᵀ)` (summed over broadcast batches), only when `a` needs it —
+    ///   a quantized `a` cannot be trained (freeze it, e.g. under LoRA).
+    pub(crate) fn backward_matmul(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let (a, b) = (t.src[0], t.src[1]);
+        let g = bw.grad;
+        match t.op {
+            Op::MulMat => {
+                let mut ga = None;
+                let mut gb = None;
+                if bw.wants(0) {
+                    if self.dtype(a).is_quantized() {
+                        return Err(self.not_diff(
+                            bw.node,
+                            0,
+                            &format!("a {} weight cannot be trained: freeze it (LoRA trains adapters beside it)", self.dtype(a)),
+                        ));
+                    }
+                    let bt = self.transposed(b)?;
+                    let gt = self.transposed(g)?;
+                    let full = self.mul_mat(bt, gt)?;
+                    ga = Some(self.reduce_batches_to(full, a)?);
+                }
+                if bw.wants(1) {
+                    gb = Some(if self.dtype(a).is_quantized() {
+                        let gt = self.transpose(g)?;
+                        let gt = self.contig(gt)?;
+                        self.out_prod(a, gt)?
+                    } else {
+                        let tr = self.transpose(a)?;
+                        let dt = self.dtype(a);
+                        let at = self.cast(tr, dt)?;
+                        self.mul_mat(at, g)?
+                    });
+                }
+                Ok(vec![ga, gb])
+            }
+            Op::OutProd => {
+                // out[i,j] = Σk a[i,k]·b[j,k]
+                let mut ga = None;
+                let mut gb = None;
+                if bw.wants(0) {
+                    let gt = self.transposed(g)?;
+                    let bc = self.cast(b, DType::F32)?;
+                    let full = self.mul_mat(gt, bc)?;
+                    ga = Some(self.reduce_batches_to(full, a)?);
+                }
+                if bw.wants(1) {
+                    let gc = self.contig(g)?;
+                    let ac = if self.dtype(a).is_quantized() {
+                        return Err(self.not_diff(bw.node, 1, "out_prod with a quantized a is differentiated w.r.t. b through mul_mat, which needs a float a"));
+                    } else {
+                        self.cast(a, DType::F32)?
+                    };
+                    let gne = self.ne(gc);
+                    if self.ne(ac)[2] != gne[2] || self.ne(ac)[3] != gne[3] {
+                        return Err(self.not_diff(bw.node, 1, "out_prod broadcasting a over batches is differentiated only w.r.t. a"));
+                    }
+                    gb = Some(self.mul_mat(gc, ac)?);
+                }
+                Ok(vec![ga, gb])
+            }
+            _ => Err(self.not_diff(bw.node, 0, "not a matrix product")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ops::testutil::*;

@@ -158,6 +158,30 @@ impl Graph {
     }
 }
 
+impl Graph {
+    /// A new f32 tensor of shape `ne` (1 to 4 dims) holding `value` everywhere, computed by the
+    /// graph (no leaf to set). Autodiff starts sums of gradients from `fill(…, 0.0)`.
+    pub fn fill(&mut self, ne: &[usize], value: f32) -> Result<TensorId> {
+        if ne.is_empty() || ne.len() > crate::shape::MAX_DIMS {
+            return Err(crate::error::Error::Invalid(format!(
+                "fill: {} dims given, 1 to 4 allowed",
+                ne.len()
+            )));
+        }
+        Ok(self.node(Op::Fill { value }, DType::F32, crate::shape::ne_from(ne), &[]))
+    }
+
+    /// Gradient of `upscale_ext(a, …)` w.r.t. `a`: every output gradient added back to the source
+    /// pixels the forward op read, with the same weights. `grad` has the upscaled shape.
+    pub fn upscale_back(&mut self, grad: TensorId, a: TensorId, mode: UpscaleMode) -> Result<TensorId> {
+        const OP: &str = "upscale_back";
+        self.check_types(OP, &[grad], &[F32_ONLY])?;
+        self.check_id(OP, a)?;
+        let ne = self.ne(a);
+        Ok(self.node(Op::UpscaleBack { mode }, DType::F32, ne, &[grad, a]))
+    }
+}
+
 /// ggml's `ne / ne_src` scale factor, in f32.
 fn scale_factor(ne: usize, ne_src: usize) -> f32 {
     ne as f32 / ne_src as f32
@@ -217,6 +241,37 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
                 }
             }))
         }
+        Op::UpscaleBack { mode } => {
+            let g = &src[0];
+            let mut out = Dense::zeros(ne);
+            let sf: Vec<f32> = (0..4).map(|d| scale_factor(g.ne[d], ne[d])).collect();
+            Dense::for_each_index(&g.ne, |i0, i1, i2, i3| {
+                let gv = g.at(i0, i1, i2, i3);
+                let j2 = nearest(i2, sf[2], ne[2]);
+                let j3 = nearest(i3, sf[3], ne[3]);
+                match mode {
+                    UpscaleMode::Nearest => {
+                        let k = out.idx(nearest(i0, sf[0], ne[0]), nearest(i1, sf[1], ne[1]), j2, j3);
+                        out.data[k] += gv;
+                    }
+                    UpscaleMode::Bilinear => {
+                        let (x0, x1, dx) = bilinear(i0, sf[0], ne[0]);
+                        let (y0, y1, dy) = bilinear(i1, sf[1], ne[1]);
+                        for (x, y, w) in [
+                            (x0, y0, (1.0 - dx) * (1.0 - dy)),
+                            (x1, y0, dx * (1.0 - dy)),
+                            (x0, y1, (1.0 - dx) * dy),
+                            (x1, y1, dx * dy),
+                        ] {
+                            let k = out.idx(x, y, j2, j3);
+                            out.data[k] += gv * w;
+                        }
+                    }
+                }
+            });
+            Ok(out)
+        }
+        Op::Fill { value } => Ok(Dense::filled(ne, value as f64)),
         Op::Arange { start, step, .. } => Ok(Dense::from_fn(ne, |i, _, _, _| {
             start as f64 + step as f64 * i as f64
         })),
@@ -242,6 +297,27 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
             }))
         }
         _ => Err(n.err("not a misc op")),
+    }
+}
+
+
+impl Graph {
+    /// Backward of pad (the unpadded part of the gradient) and upscale (gradients added back to
+    /// the source pixels with the forward weights).
+    pub(crate) fn backward_misc(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let a = t.src[0];
+        let g = self.contig(bw.grad)?;
+        match t.op {
+            Op::Pad { .. } => {
+                let gt = self.tensor(g).clone();
+                let ne = self.ne(a);
+                let v = self.view(g, &ne, &[gt.nb[1], gt.nb[2], gt.nb[3]], 0)?;
+                Ok(vec![Some(self.cont(v)?)])
+            }
+            Op::Upscale { mode } => Ok(vec![Some(self.upscale_back(g, a, mode)?)]),
+            _ => Err(self.not_diff(bw.node, 0, "not differentiable")),
+        }
     }
 }
 

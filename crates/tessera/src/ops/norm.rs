@@ -59,6 +59,66 @@ impl Graph {
 }
 
 /// `(x - mean) / sqrt(var + eps)` for each `x` of `xs`, mean and variance over all of `xs`.
+/// Which normalisation a `norm_back` node differentiates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormBackKind {
+    Norm { eps: f32 },
+    Rms { eps: f32 },
+    L2 { eps: f32 },
+    Group { n_groups: usize, eps: f32 },
+}
+
+impl Graph {
+    /// The gradient of a normalisation w.r.t. its input `x`, given the output gradient `grad`
+    /// (both f32 of `x`'s shape): ggml's `rms_norm_back`, and the same for norm, l2_norm and
+    /// group_norm.
+    pub fn norm_back(&mut self, grad: TensorId, x: TensorId, kind: NormBackKind) -> Result<TensorId> {
+        const OP: &str = "norm_back";
+        self.check_types(OP, &[grad, x], &[F32_ONLY, F32_ONLY])?;
+        let ne = self.ne(x);
+        if self.ne(grad) != ne {
+            return Err(self.shape_err(OP, "grad and x must have the same shape", &[grad, x]));
+        }
+        Ok(self.node(Op::NormBack(kind), crate::DType::F32, ne, &[grad, x]))
+    }
+}
+
+/// `dx` for one normalised vector `x` with output gradient `g`.
+fn norm_back_vec(kind: NormBackKind, g: &[f64], x: &[f64]) -> Vec<f64> {
+    let n = x.len() as f64;
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f64>();
+    match kind {
+        NormBackKind::Norm { eps } | NormBackKind::Group { eps, .. } => {
+            // y = (x - mean)·r, r = 1/sqrt(var + eps): dx = r·(g - mean(g) - y·mean(g·y))
+            let mean = x.iter().sum::<f64>() / n;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+            let r = 1.0 / (var + eps as f64).sqrt();
+            let y: Vec<f64> = x.iter().map(|v| (v - mean) * r).collect();
+            let mg = g.iter().sum::<f64>() / n;
+            let mgy = dot(g, &y) / n;
+            g.iter().zip(&y).map(|(gi, yi)| r * (gi - mg - yi * mgy)).collect()
+        }
+        NormBackKind::Rms { eps } => {
+            // y = x·r, r = 1/sqrt(mean(x²) + eps): dx = r·g - x·r³·mean(g·x)
+            let ms = dot(x, x) / n;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            let mgx = dot(g, x) / n;
+            g.iter().zip(x).map(|(gi, xi)| r * gi - xi * r * r * r * mgx).collect()
+        }
+        NormBackKind::L2 { eps } => {
+            // y = x / max(|x|, eps): below eps the scale is a constant
+            let norm = dot(x, x).sqrt();
+            if norm <= eps as f64 {
+                let s = 1.0 / eps as f64;
+                return g.iter().map(|gi| gi * s).collect();
+            }
+            let s = 1.0 / norm;
+            let gx = dot(g, x);
+            g.iter().zip(x).map(|(gi, xi)| s * gi - xi * s * s * s * gx).collect()
+        }
+    }
+}
+
 fn standardize(xs: &[f64], eps: f64) -> Vec<f64> {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
@@ -71,6 +131,47 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     let a = &src[0];
     let ne = a.ne;
     let mut out = Dense::zeros(ne);
+    if let Op::NormBack(kind) = n.t.op {
+        let x = &src[1];
+        if let NormBackKind::Group { n_groups, .. } = kind {
+            let channels = ne[2];
+            let per_group = channels.div_ceil(n_groups);
+            for gr in 0..n_groups {
+                let start = (gr * per_group).min(channels);
+                let end = (start + per_group).min(channels);
+                for i3 in 0..ne[3] {
+                    let (mut xs, mut gs) = (Vec::new(), Vec::new());
+                    for i2 in start..end {
+                        for i1 in 0..ne[1] {
+                            xs.extend_from_slice(x.row(i1, i2, i3));
+                            gs.extend_from_slice(a.row(i1, i2, i3));
+                        }
+                    }
+                    if xs.is_empty() {
+                        continue;
+                    }
+                    let dx = norm_back_vec(kind, &gs, &xs);
+                    let mut k = 0;
+                    for i2 in start..end {
+                        for i1 in 0..ne[1] {
+                            out.row_mut(i1, i2, i3).copy_from_slice(&dx[k..k + ne[0]]);
+                            k += ne[0];
+                        }
+                    }
+                }
+            }
+        } else {
+            for i3 in 0..ne[3] {
+                for i2 in 0..ne[2] {
+                    for i1 in 0..ne[1] {
+                        let dx = norm_back_vec(kind, a.row(i1, i2, i3), x.row(i1, i2, i3));
+                        out.row_mut(i1, i2, i3).copy_from_slice(&dx);
+                    }
+                }
+            }
+        }
+        return Ok(out);
+    }
     match n.t.op {
         Op::Norm { eps } | Op::RmsNorm { eps } | Op::L2Norm { eps } => {
             let eps = eps as f64;
@@ -126,6 +227,22 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         _ => return Err(n.err("not a normalisation op")),
     }
     Ok(out)
+}
+
+
+impl Graph {
+    /// Backward of the normalisations through one fused `norm_back` node each.
+    pub(crate) fn backward_norm(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let kind = match t.op {
+            Op::Norm { eps } => NormBackKind::Norm { eps },
+            Op::RmsNorm { eps } => NormBackKind::Rms { eps },
+            Op::L2Norm { eps } => NormBackKind::L2 { eps },
+            Op::GroupNorm { n_groups, eps } => NormBackKind::Group { n_groups, eps },
+            _ => return Err(self.not_diff(bw.node, 0, "not a normalisation")),
+        };
+        Ok(vec![Some(self.norm_back(bw.grad, t.src[0], kind)?)])
+    }
 }
 
 #[cfg(test)]

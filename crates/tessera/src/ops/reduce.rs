@@ -139,6 +139,22 @@ impl Graph {
         self.repeat_node(a, ne_from(ne), &[a])
     }
 
+    /// Like [`repeat_back`](Graph::repeat_back) with the target shape given as dims.
+    pub fn repeat_back_to(&mut self, a: TensorId, ne: &[usize]) -> Result<TensorId> {
+        const OP: &str = "repeat_back";
+        self.check_types(OP, &[a], &[FLOATS])?;
+        let (ane, bne) = (self.ne(a), crate::shape::ne_from(ne));
+        if ne.is_empty() || ne.len() > 4 || !can_repeat(&bne, &ane) {
+            return Err(self.shape_err(
+                OP,
+                format!("a {} is not a tiling of {}", fmt_ne(&ane), fmt_ne(&bne)),
+                &[a],
+            ));
+        }
+        let dt = self.dtype(a);
+        Ok(self.node(Op::RepeatBack, dt, bne, &[a]))
+    }
+
     /// ggml's `ggml_repeat_back`: the reverse of `repeat`: `a` summed over its tiles down to
     /// `b`'s shape (each dim of `a` a multiple of `b`'s). Result: `a`'s type, `b`'s shape.
     pub fn repeat_back(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
@@ -262,6 +278,58 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
             }))
         }
         _ => Err(n.err("not a reduction op")),
+    }
+}
+
+
+impl Graph {
+    /// Backward of the reductions and tilings: sums spread the gradient back with `repeat`,
+    /// `repeat` sums it with `repeat_back`, `cumsum` takes the reversed cumulative sum, and
+    /// `concat` hands each input its slice.
+    pub(crate) fn backward_reduce(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let a = t.src[0];
+        let g = bw.grad;
+        match t.op {
+            Op::Sum | Op::SumRows => Ok(vec![Some(self.repeat(g, a)?)]),
+            Op::Mean => {
+                let n = self.ne(a)[0] as f32;
+                let s = self.scale(g, 1.0 / n)?;
+                Ok(vec![Some(self.repeat(s, a)?)])
+            }
+            Op::Cumsum => {
+                // d/dx_i of sum_j g_j·cumsum_j = sum_{j >= i} g_j = total - cumsum_i + g_i
+                let gc = self.contig(g)?;
+                let total = self.sum_rows(gc)?;
+                let tr = self.repeat(total, gc)?;
+                let cs = self.cumsum(gc)?;
+                let d = self.sub(tr, cs)?;
+                Ok(vec![Some(self.add(d, gc)?)])
+            }
+            Op::Repeat => Ok(vec![Some(self.repeat_back(g, a)?), None]),
+            Op::RepeatBack => Ok(vec![Some(self.repeat(g, a)?)]),
+            Op::Concat { dim } => {
+                let b = t.src[1];
+                let gc = self.contig(g)?;
+                let gt = self.tensor(gc).clone();
+                let nb = [gt.nb[1], gt.nb[2], gt.nb[3]];
+                let (ane, bne) = (self.ne(a), self.ne(b));
+                let ga = if bw.wants(0) {
+                    let v = self.view(gc, &ane, &nb, 0)?;
+                    Some(self.cont(v)?)
+                } else {
+                    None
+                };
+                let gb = if bw.wants(1) {
+                    let v = self.view(gc, &bne, &nb, ane[dim] * gt.nb[dim])?;
+                    Some(self.cont(v)?)
+                } else {
+                    None
+                };
+                Ok(vec![ga, gb])
+            }
+            _ => Err(self.not_diff(bw.node, 0, "not a reduction")),
+        }
     }
 }
 

@@ -32,6 +32,8 @@ pub struct RopeParams {
     pub attn_factor: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
+    /// Rotate by the negated angle (ggml's `rope_back`): the gradient of the rotation.
+    pub inverse: bool,
 }
 
 impl RopeParams {
@@ -47,6 +49,7 @@ impl RopeParams {
             attn_factor: 1.0,
             beta_fast: 0.0,
             beta_slow: 0.0,
+            inverse: false,
         }
     }
 }
@@ -83,7 +86,8 @@ fn rope_yarn(theta_extrap: f64, k: usize, p: &RopeParams, corr: (f64, f64)) -> (
         theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
         mscale *= 1.0 + 0.1 * (1.0 / freq_scale).ln();
     }
-    (theta.cos() * mscale, theta.sin() * mscale)
+    let sin = theta.sin() * mscale;
+    (theta.cos() * mscale, if p.inverse { -sin } else { sin })
 }
 
 impl Graph {
@@ -212,6 +216,27 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         }
     }
     Ok(out)
+}
+
+
+impl Graph {
+    /// Backward of rope_ext: the rotation by the negated angles (with the same YaRN ramp and
+    /// magnitude scale), ggml's `rope_back`. Positions and frequency factors are data.
+    pub(crate) fn backward_rope(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let Op::Rope(mut p) = t.op else {
+            return Err(self.not_diff(bw.node, 0, "not rope"));
+        };
+        for i in 1..t.src.len() {
+            if bw.wants(i) {
+                return Err(self.not_diff(bw.node, i, "positions and frequency factors are not differentiated"));
+            }
+        }
+        p.inverse = !p.inverse;
+        let gc = self.contig(bw.grad)?;
+        let ff = t.src.get(2).copied();
+        Ok(vec![Some(self.rope_ext(gc, t.src[1], ff, p)?)])
+    }
 }
 
 #[cfg(test)]

@@ -128,8 +128,43 @@ fn row_index(
     Ok(v as usize)
 }
 
+impl Graph {
+    /// ggml's `get_rows_back`: the gradient of `get_rows(a, idx)` w.r.t. `a`: row `(i, i2, i3)`
+    /// of `grad` added into row `idx[i, i2, i3]` of an f32 tensor of `a`'s shape `a_ne`, for any
+    /// number of rows.
+    pub fn get_rows_back(&mut self, grad: TensorId, idx: TensorId, a_ne: [usize; 4]) -> Result<TensorId> {
+        const OP: &str = "get_rows_back";
+        self.check_types(OP, &[grad, idx], &[&[DType::F32], &[DType::I32]])?;
+        let (gne, ine) = (self.ne(grad), self.ne(idx));
+        if gne[0] != a_ne[0] || gne[1] != ine[0] || gne[2] != a_ne[2] || gne[3] != a_ne[3] || ine[1] != a_ne[2] || ine[2] != a_ne[3] {
+            return Err(self.shape_err(
+                OP,
+                format!("grad must be [{}, n, {}, {}] with idx [n, {}, {}]", a_ne[0], a_ne[2], a_ne[3], a_ne[2], a_ne[3]),
+                &[grad, idx],
+            ));
+        }
+        Ok(self.node(Op::GetRowsBack, DType::F32, a_ne, &[grad, idx]))
+    }
+}
+
 pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     match n.t.op {
+        Op::GetRowsBack => {
+            let (g, idx) = (&src[0], &src[1]);
+            let mut out = Dense::zeros(n.t.ne);
+            for i3 in 0..g.ne[3] {
+                for i2 in 0..g.ne[2] {
+                    for i1 in 0..g.ne[1] {
+                        let r = row_index(n, idx.at(i1, i2, i3, 0), n.t.ne[1], (i1, i2, i3), "the gradient")?;
+                        let gr = g.row(i1, i2, i3).to_vec();
+                        for (o, v) in out.row_mut(r, i2, i3).iter_mut().zip(gr) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        }
         Op::GetRows => {
             let (a, idx) = (&src[0], &src[1]);
             let ne = n.t.ne;
@@ -171,6 +206,21 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
             Ok(out)
         }
         _ => Err(n.err("not a rows op")),
+    }
+}
+
+
+impl Graph {
+    /// Backward of get_rows: gradient rows scatter-added into the source's shape, for any
+    /// number of rows. The indices are data.
+    pub(crate) fn backward_rows(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        if bw.wants(1) {
+            return Err(self.not_diff(bw.node, 1, "indices are not differentiated"));
+        }
+        let gc = self.contig(bw.grad)?;
+        let ne = self.ne(t.src[0]);
+        Ok(vec![Some(self.get_rows_back(gc, t.src[1], ne)?), None])
     }
 }
 

@@ -171,6 +171,46 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
+
+impl Graph {
+    /// Backward of soft_max_ext and the diagonal masks. With `y = softmax(scale·x + slope·mask)`,
+    /// `dz = y·(grad - Σ grad·y)`, `dx = scale·dz` and `dmask = slope·dz` (summed over the
+    /// dims the mask is broadcast along; ALiBi masks, `max_bias > 0`, are not differentiated).
+    pub(crate) fn backward_softmax(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let g = bw.grad;
+        match t.op {
+            Op::SoftMax { scale, max_bias } => {
+                let y = bw.node;
+                let gy = self.mul(g, y)?;
+                let dot = self.sum_rows(gy)?;
+                let d = self.sub(g, dot)?;
+                let dz = self.mul(d, y)?;
+                let ga = if bw.wants(0) { Some(self.scale(dz, scale)?) } else { None };
+                let gm = if bw.wants(1) {
+                    let m = t.src[1];
+                    if max_bias != 0.0 || self.ne(m)[1] != t.ne[1] {
+                        return Err(self.not_diff(
+                            bw.node,
+                            1,
+                            "the mask is differentiated only without ALiBi (max_bias = 0) and with as many rows as the input",
+                        ));
+                    }
+                    Some(self.reduce_to(dz, m)?)
+                } else {
+                    None
+                };
+                Ok(vec![ga, gm])
+            }
+            Op::DiagMaskInf { n_past } | Op::DiagMaskZero { n_past } => {
+                let gc = self.contig(g)?;
+                Ok(vec![Some(self.diag_mask_zero(gc, n_past)?)])
+            }
+            _ => Err(self.not_diff(bw.node, 0, "not a softmax op")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::alibi_slope;

@@ -145,6 +145,105 @@ impl UnaryOp {
     }
 }
 
+/// The derivative a `unary_back` node multiplies the gradient by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Deriv {
+    Unary(UnaryOp),
+    LeakyRelu { negative_slope: f32 },
+    Clamp { min: f32, max: f32 },
+}
+
+impl Deriv {
+    /// `f'(x)` in f64. At the kinks (relu, abs, leaky_relu and clamp at their corners,
+    /// hardswish/hardsigmoid at ±3) the derivative of the right-hand side is taken for
+    /// relu-like functions, as PyTorch does (relu'(0) = 0).
+    pub fn eval(self, x: f64) -> f64 {
+        const C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
+        match self {
+            Deriv::LeakyRelu { negative_slope } => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    negative_slope as f64
+                }
+            }
+            Deriv::Clamp { min, max } => {
+                if x >= min as f64 && x <= max as f64 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Deriv::Unary(u) => match u {
+                UnaryOp::Abs => UnaryOp::Sgn.eval(x),
+                UnaryOp::Sgn | UnaryOp::Step => 0.0,
+                UnaryOp::Neg => -1.0,
+                UnaryOp::Tanh => {
+                    let t = x.tanh();
+                    1.0 - t * t
+                }
+                UnaryOp::Elu => {
+                    if x > 0.0 {
+                        1.0
+                    } else {
+                        x.exp()
+                    }
+                }
+                UnaryOp::Relu => {
+                    if x > 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                }
+                UnaryOp::Sigmoid => {
+                    let s = sigmoid(x);
+                    s * (1.0 - s)
+                }
+                UnaryOp::Gelu => {
+                    let u = C * x * (1.0 + 0.044715 * x * x);
+                    let t = u.tanh();
+                    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044715 * x * x)
+                }
+                UnaryOp::GeluErf => {
+                    0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2))
+                        + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
+                }
+                UnaryOp::GeluQuick => {
+                    let s = sigmoid(1.702 * x);
+                    s + 1.702 * x * s * (1.0 - s)
+                }
+                UnaryOp::Silu => {
+                    let s = sigmoid(x);
+                    s * (1.0 + x * (1.0 - s))
+                }
+                UnaryOp::Hardswish => {
+                    if x < -3.0 {
+                        0.0
+                    } else if x > 3.0 {
+                        1.0
+                    } else {
+                        (2.0 * x + 3.0) / 6.0
+                    }
+                }
+                UnaryOp::Hardsigmoid => {
+                    if x > -3.0 && x < 3.0 {
+                        1.0 / 6.0
+                    } else {
+                        0.0
+                    }
+                }
+                UnaryOp::Exp => x.exp(),
+                UnaryOp::Log => 1.0 / x,
+                UnaryOp::Sqr => 2.0 * x,
+                UnaryOp::Sqrt => 0.5 / x.sqrt(),
+                UnaryOp::Sin => x.cos(),
+                UnaryOp::Cos => -x.sin(),
+            },
+        }
+    }
+}
+
 pub(crate) fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -223,6 +322,18 @@ impl Graph {
         self.unary_node(Op::Clamp { min, max }, a)
     }
 
+    /// `grad * f'(x)` (the backward of a unary op); `grad` and `x` have the same shape, the
+    /// result is f32.
+    pub fn unary_back(&mut self, grad: TensorId, x: TensorId, d: Deriv) -> Result<TensorId> {
+        const OP: &str = "unary_back";
+        self.check_types(OP, &[grad, x], &[FLOATS, FLOATS])?;
+        let ne = self.ne(x);
+        if self.ne(grad) != ne {
+            return Err(self.shape_err(OP, "grad and x must have the same shape", &[grad, x]));
+        }
+        Ok(self.node(Op::UnaryBack(d), crate::DType::F32, ne, &[grad, x]))
+    }
+
     pub fn abs(&mut self, a: TensorId) -> Result<TensorId> {
         self.unary(a, UnaryOp::Abs)
     }
@@ -260,6 +371,13 @@ impl Graph {
 
 pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     let a = &src[0];
+    if let Op::UnaryBack(d) = n.t.op {
+        let x = &src[1];
+        return Ok(Dense {
+            ne: x.ne,
+            data: a.data.iter().zip(&x.data).map(|(g, &x)| g * d.eval(x)).collect(),
+        });
+    }
     let f: Box<dyn Fn(f64) -> f64> = match n.t.op {
         Op::Scale { s, b } => Box::new(move |x| x * s as f64 + b as f64),
         Op::Unary(u) => Box::new(move |x| u.eval(x)),
@@ -281,6 +399,36 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         ne: a.ne,
         data: a.data.iter().map(|&x| f(x)).collect(),
     })
+}
+
+
+impl Graph {
+    /// Backward of the unary ops: `grad * f'(x)` through `unary_back` (neg and scale directly).
+    /// `step` and `sgn` have a zero derivative almost everywhere and no useful gradient: they
+    /// are refused, like ggml does.
+    pub(crate) fn backward_unary(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let a = t.src[0];
+        let g = bw.grad;
+        let ga = match t.op {
+            Op::Scale { s, .. } => self.scale(g, s)?,
+            Op::Unary(UnaryOp::Neg) => self.scale(g, -1.0)?,
+            Op::Unary(u @ (UnaryOp::Step | UnaryOp::Sgn)) => {
+                return Err(self.not_diff(
+                    bw.node,
+                    0,
+                    &format!("{} is piecewise constant: its gradient is zero or undefined everywhere", u.name()),
+                ))
+            }
+            Op::Unary(u) => self.unary_back(g, a, Deriv::Unary(u))?,
+            Op::LeakyRelu { negative_slope } => {
+                self.unary_back(g, a, Deriv::LeakyRelu { negative_slope })?
+            }
+            Op::Clamp { min, max } => self.unary_back(g, a, Deriv::Clamp { min, max })?,
+            _ => return Err(self.not_diff(bw.node, 0, "not a unary op")),
+        };
+        Ok(vec![Some(ga)])
+    }
 }
 
 #[cfg(test)]

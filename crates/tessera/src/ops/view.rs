@@ -224,6 +224,64 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
+
+impl Graph {
+    /// Backward of views and copies: a view's gradient is added into zeros of its source's
+    /// shape at the same place; reshape/permute/transpose undo themselves; cont and cpy pass
+    /// the gradient through (cpy's destination is overwritten: its gradient is zero).
+    pub(crate) fn backward_view(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+        let t = self.tensor(bw.node).clone();
+        let a = t.src[0];
+        let g = bw.grad;
+        let ga = match t.op {
+            Op::Cont => g,
+            Op::Cpy => {
+                let gb = if bw.wants(1) {
+                    let ne = self.ne(t.src[1]);
+                    Some(self.fill(&ne, 0.0)?)
+                } else {
+                    None
+                };
+                return Ok(vec![Some(g), gb]);
+            }
+            Op::Reshape => {
+                let gc = self.contig(g)?;
+                let ne = self.ne(a);
+                self.reshape(gc, &ne)?
+            }
+            Op::Transpose => self.transpose(g)?,
+            Op::Permute { axes } => {
+                let mut inv = [0; 4];
+                for (i, &x) in axes.iter().enumerate() {
+                    inv[x] = i;
+                }
+                self.permute(g, inv)?
+            }
+            Op::View => {
+                let at = self.tensor(a).clone();
+                if at.dtype.is_quantized() || !at.is_contiguous() {
+                    return Err(self.not_diff(
+                        bw.node,
+                        0,
+                        &format!(
+                            "the gradient of a view needs a contiguous f32/f16/bf16 source, this one is {}",
+                            at.describe()
+                        ),
+                    ));
+                }
+                let ts = at.dtype.type_size();
+                let off = t.view_of.map(|v| v.offset).unwrap_or(0);
+                let f = |b: usize| b / ts * 4;
+                let zeros = self.fill(&at.ne, 0.0)?;
+                let gc = self.contig(g)?;
+                self.acc(zeros, gc, f(t.nb[1]), f(t.nb[2]), f(t.nb[3]), f(off))?
+            }
+            _ => return Err(self.not_diff(bw.node, 0, "not a view op")),
+        };
+        Ok(vec![Some(ga)])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ops::testutil::*;

@@ -278,8 +278,17 @@ pub fn run_node(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         Op::CrossEntropyLoss => ops::loss::reference(n, src),
         Op::OptStepAdamw | Op::OptStepSgd => ops::optim::reference(n, src),
         Op::Conv2d(_) | Op::Im2col(_) | Op::Pool2d(_) => ops::conv::reference(n, src),
-        Op::Pad { .. } | Op::Upscale { .. } | Op::Arange { .. } | Op::TimestepEmbedding { .. } => {
-            ops::misc::reference(n, src)
+        Op::Pad { .. }
+        | Op::Upscale { .. }
+        | Op::Arange { .. }
+        | Op::TimestepEmbedding { .. }
+        | Op::Fill { .. }
+        | Op::UpscaleBack { .. } => ops::misc::reference(n, src),
+        Op::UnaryBack(_) => ops::unary::reference(n, src),
+        Op::NormBack(_) => ops::norm::reference(n, src),
+        Op::GetRowsBack => ops::rows::reference(n, src),
+        Op::Conv2dBack { .. } | Op::Im2colBack(_) | Op::Pool2dBack(_) => {
+            ops::conv::reference(n, src)
         }
     }
 }
