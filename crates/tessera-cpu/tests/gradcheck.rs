@@ -630,7 +630,6 @@ fn accumulate_mode_sums_micro_batches_and_reset_clears() {
     s.set_f32(x, &[2.0, 20.0, 200.0]).unwrap();
     s.compute(&be).unwrap();
     assert_eq!(s.get_f32(gr.accs[0]).unwrap(), vec![3.0, 30.0, 300.0]);
-    assert_eq!(s.get_f32(gr.grads[0]).unwrap(), vec![2.0, 20.0, 200.0]);
     gr.reset(&mut s).unwrap();
     assert_eq!(s.get_f32(gr.accs[0]).unwrap(), vec![0.0; 3]);
     s.compute(&be).unwrap();

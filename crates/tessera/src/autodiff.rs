@@ -63,12 +63,16 @@ pub struct Gradients {
 }
 
 impl Gradients {
-    /// The tensors to plan for: the loss, every gradient, and in accumulate mode the writes
-    /// into the accumulators (these last, so that all gradients are computed first).
+    /// The tensors to plan for: the loss and every gradient, or in accumulate mode the loss and
+    /// the writes into the accumulators (this run's gradients are then intermediate values
+    /// whose memory the planner reuses; read the accumulators).
     pub fn outputs(&self) -> Vec<TensorId> {
         let mut v = vec![self.loss];
-        v.extend(&self.grads);
-        v.extend(&self.acc_writes);
+        if self.accs.is_empty() {
+            v.extend(&self.grads);
+        } else {
+            v.extend(&self.acc_writes);
+        }
         v
     }
 
@@ -160,7 +164,9 @@ impl Graph {
             };
             let name = format!("grad.{}", self.name(p));
             self.set_name(g, name);
-            self.set_output(g);
+            if !accumulate {
+                self.set_output(g);
+            }
             grads.push(g);
         }
         let (mut accs, mut acc_writes) = (Vec::new(), Vec::new());
