@@ -1,5 +1,6 @@
 //! CPU kernels of the `unary` family: `scale` (`x*s + b`), every [`UnaryOp`], `leaky_relu` and
-//! `clamp`, on f32, f16 and bf16 (the result has the source's type), from any strided source.
+//! `clamp`, on f32, f16 and bf16 (the result has the source's type), from any strided source;
+//! and their backward, `unary_back` (at the end of these notes).
 //!
 //! The destination is contiguous; its flat element range is split between threads at multiples
 //! of 32 elements, so a single huge row is shared too. A dense f32 source is mapped straight into
@@ -56,8 +57,49 @@
 //! functions (abs, sgn, neg, step, relu, hardswish, hardsigmoid, sqr, sqrt, scale, leaky_relu,
 //! clamp) are exact or within one rounding. NaN conventions follow the reference (and ggml):
 //! relu, step, sgn and leaky_relu of NaN give 0; clamp keeps NaN; infinities map like libm's.
+//!
+//! **unary_back** (`grad · f'(x)`, the derivative autodiff builds for every function above):
+//! grad and x f32, f16 or bf16 with any strides, the destination contiguous f32, the same
+//! split and conversions as the forward functions (dense f32 sources are read in place). The
+//! product is formed in f32 and rounded once, so the exact derivatives (abs, sgn, neg, step,
+//! relu, sqr, leaky_relu, clamp) give the reference's bits. The others are evaluated in forms
+//! without overflow and without cancellation, from `e = e^(-|v|)` (the AVX2 `exp` above):
+//! - `sigmoid' = e/(1+e)²`, `tanh' = 4e/(1+e)²` (e = e^(-2|x|)), `elu'`, `exp'`;
+//! - silu, gelu_quick and gelu are `x·σ(v)`, `v = x·k(x)`: with `w = x·v'`,
+//!   `f' = (1 + e + w e)/(1+e)²` for x >= 0 and `e ((1 + w) + e)/(1+e)²` below (`1 + w` is
+//!   exact near the zero crossing); the gelus' exponent and `w` in double-f32 as in the forward;
+//! - gelu_erf: `0.5 (1 + erf(x/√2)) + x φ(x)`, the forward's erfc fit sharing `e^(-x²/2)`
+//!   with φ;
+//! - `log' = 1/x`, `sqrt' = 0.5/√x`, hardswish' `(2x+3)/6` and hardsigmoid' `1/6` in f32
+//!   (within two roundings), sin' and cos' in f64 element by element.
+//!
+//! The scalar path evaluates the same forms in f64 and rounds `g·f'(x)` once. Error of `f'`
+//! (grad 1, f32), measured by `accuracy_of_the_derivatives` in tests/backward_ops.rs on
+//! 200 000 points in [-20, 20] (exp': [-88, 88]) against the derivatives in f64
+//! (cancellation-free forms, the exact erfc): the relative error where |f'| >= 1e-30, leaving
+//! out ±0.05 around the zero of silu', gelu_quick', gelu' and gelu_erf' (near a zero crossing
+//! no f32 evaluation keeps relative accuracy), and the absolute error everywhere:
+//!
+//! | derivative  | AVX2 rel | AVX2 abs | scalar rel | scalar abs |
+//! |-------------|----------|----------|------------|------------|
+//! | exp'        | 8.1e-8   | —        | 6.0e-8     | —          |
+//! | elu'        | 8.0e-8   | 4.5e-8   | 5.9e-8     | 3.0e-8     |
+//! | sigmoid'    | 2.7e-7   | 4.0e-8   | 5.9e-8     | 7.5e-9     |
+//! | tanh'       | 2.6e-7   | 1.5e-7   | 5.9e-8     | 3.0e-8     |
+//! | silu'       | 3.6e-7   | 2.3e-7   | 6.0e-8     | 6.0e-8     |
+//! | gelu_quick' | 5.1e-7   | 2.3e-7   | 6.0e-8     | 6.0e-8     |
+//! | gelu'       | 3.5e-7   | 2.3e-7   | 6.0e-8     | 6.0e-8     |
+//! | gelu_erf'   | 2.4e-6   | 1.7e-7   | 3.6e-7     | 7.3e-8     |
+//!
+//! (gelu_erf's relative figures are the erfc fit's 1.2e-7 amplified by the cancellation of its
+//! two terms 0.06 from the zero.) Against the reference, whose own `1 - tanh²`, `s(1 - s)` and
+//! `0.5(1 + tanh u)` keep only about 1e-16 absolute accuracy in the tails, the outputs agree
+//! within 2e-6 of their largest magnitude (the tests' bound). Special values follow the
+//! reference: `inf·0` gives NaN (silu', gelu*' at ±inf) and, where `e` underflows at a finite
+//! x, the derivative is its limit 0 or 1. One known difference: exp' overflows to inf where
+//! `e^x` does (x > 88.72, where the forward exp is inf too) even when `g·e^x` would not.
 
-use tessera::op::UnaryOp;
+use tessera::op::{Deriv, UnaryOp};
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use super::view::{flat_share, for_row_pieces, is_float, load_f32, store_f32, CHUNK};
@@ -196,6 +238,15 @@ pub(crate) unsafe fn apply(isa: Isa, f: Fun, x: *const f32, y: *mut f32, n: usiz
 
 pub fn handles(graph: &Graph, t: &Tensor) -> bool {
     let s = graph.tensor(t.src[0]);
+    if let Op::UnaryBack(_) = t.op {
+        let x = graph.tensor(t.src[1]);
+        return is_float(s.dtype)
+            && is_float(x.dtype)
+            && t.dtype == DType::F32
+            && s.ne == t.ne
+            && x.ne == t.ne
+            && t.is_contiguous();
+    }
     Fun::of(&t.op).is_some()
         && is_float(s.dtype)
         && t.dtype == s.dtype
@@ -217,6 +268,9 @@ pub(crate) fn walk_shape(t: &Tensor) -> ([usize; 4], [usize; 4]) {
 }
 
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
+    if let Op::UnaryBack(deriv) = ctx.t.op {
+        return compute_back(ctx, deriv);
+    }
     let (s, d) = (ctx.s(0), ctx.t);
     let Some(f) = Fun::of(&d.op) else {
         return Err(ctx.err("not a unary op"));
@@ -259,6 +313,161 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     Ok(())
 }
 
+/// `g · f'(x)` for one element on the scalar path: the product and the derivative in f64,
+/// rounded once.
+#[inline]
+pub(crate) fn scalar_back(d: Deriv, g: f32, x: f32) -> f32 {
+    (g as f64 * deriv64(d, x as f64)) as f32
+}
+
+/// `e = e^(-|v|)` and `w = x·v'` give `(1 + e + w e)/(1 + e)²` for x >= 0 and `e (1 + e + w)/(1 + e)²` below — the
+/// derivative of `x·σ(v)` for `v = x·k(x)`, `k > 0` (silu, gelu_quick, gelu), without overflow
+/// and without cancellation but at its zero crossing.
+#[inline]
+fn x_sigma_deriv64(x: f64, e: f64, w: f64) -> f64 {
+    let q = 1.0 + e;
+    if x >= 0.0 {
+        (q + w * e) / (q * q)
+    } else {
+        e * (q + w) / (q * q)
+    }
+}
+
+/// `f'(x)` in f64: the core's definition ([`Deriv::eval`]) where it is exact or direct, and
+/// cancellation-free forms for tanh, sigmoid, silu, elu and the gelus (the core's
+/// `1 - tanh²`, `s(1 - s)`, `0.5(1 + tanh u)` lose their relative accuracy in the tails).
+pub(crate) fn deriv64(d: Deriv, x: f64) -> f64 {
+    let Deriv::Unary(u) = d else {
+        return d.eval(x);
+    };
+    match u {
+        UnaryOp::Tanh => {
+            // sech²x = 4e/(1 + e)², e = e^(-2|x|)
+            let e = (-2.0 * x.abs()).exp();
+            4.0 * e / ((1.0 + e) * (1.0 + e))
+        }
+        UnaryOp::Sigmoid => {
+            let e = (-x.abs()).exp();
+            e / ((1.0 + e) * (1.0 + e))
+        }
+        UnaryOp::Silu => x_sigma_deriv64(x, (-x.abs()).exp(), x),
+        UnaryOp::GeluQuick => x_sigma_deriv64(x, (-1.702 * x.abs()).exp(), 1.702 * x),
+        UnaryOp::Gelu => {
+            // v = x (k1 + k2 x²), v' = k1 + 3 k2 x²
+            let k1 = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+            let k2 = k1 * 0.044715;
+            let e = (-x.abs() * (k1 + k2 * x * x)).exp();
+            x_sigma_deriv64(x, e, x * (k1 + 3.0 * k2 * x * x))
+        }
+        UnaryOp::GeluErf => {
+            // 0.5 (1 + erf(x/√2)) + x φ(x), 1 + erf from erfc as in the forward function
+            let ec = erfc_pos((x * std::f64::consts::FRAC_1_SQRT_2).abs());
+            let phi = (-0.5 * x * x).exp()
+                * (0.5 * std::f64::consts::FRAC_2_SQRT_PI)
+                * std::f64::consts::FRAC_1_SQRT_2;
+            let half = if x < 0.0 { 0.5 * ec } else { 1.0 - 0.5 * ec };
+            half + x * phi
+        }
+        UnaryOp::Elu => {
+            if x > 0.0 {
+                1.0
+            } else {
+                x.exp()
+            }
+        }
+        _ => d.eval(x),
+    }
+}
+
+/// `y[i] = g[i] · f'(x[i])` for `n` f32, with AVX2 when `isa` has it.
+///
+/// # Safety
+/// `g` and `x` point at `n` readable f32 and `y` at `n` writable f32; `y` is either the same
+/// memory as `g` (or `x`) or overlaps neither.
+pub(crate) unsafe fn apply_back(
+    isa: Isa,
+    d: Deriv,
+    g: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    n: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::view::avx2(isa) {
+        // SAFETY: `avx2(isa)` holds only when the CPU has AVX2, FMA and F16C; the caller's
+        // contract covers the pointers.
+        unsafe { x86::apply_back(d, g, x, y, n) };
+        return;
+    }
+    let _ = isa;
+    for i in 0..n {
+        // SAFETY: i < n; both inputs are read before the output of the same index is written.
+        unsafe { *y.add(i) = scalar_back(d, *g.add(i), *x.add(i)) };
+    }
+}
+
+/// `unary_back`: `grad · f'(x)` into the contiguous f32 destination, the flat range split
+/// between threads at multiples of 32 elements as for the forward functions. Dense f32 pieces
+/// are read in place; any other (f16, bf16, strided) goes through f32 buffers on the stack.
+fn compute_back(ctx: &NodeCtx, deriv: Deriv) -> Result<()> {
+    let (g, x, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    // one flat row when both sources are dense, else x's shape walked with each one's strides
+    let (ne, gnb, xnb) = if g.is_contiguous() && x.is_contiguous() {
+        let n = d.nelements();
+        let flat = |dt: DType| [dt.type_size(), 0, 0, 0];
+        ([n, 1, 1, 1], flat(g.dtype), flat(x.dtype))
+    } else {
+        (d.ne, g.nb, x.nb)
+    };
+    let isa = ctx.isa;
+    let direct = g.dtype == DType::F32
+        && x.dtype == DType::F32
+        && (gnb[0] == 4 || ne[0] == 1)
+        && (xnb[0] == 4 || ne[0] == 1);
+    let range = flat_share(d.nelements(), ctx.ith, ctx.nth);
+    let mut bg = [0f32; CHUNK];
+    let mut bx = [0f32; CHUNK];
+    for_row_pieces(&ne, range, |i, len, flat| {
+        let off = |nb: [usize; 4]| i[0] * nb[0] + i[1] * nb[1] + i[2] * nb[2] + i[3] * nb[3];
+        // SAFETY: `exec::validate` checked every tensor's span; the piece lies in one row of
+        // each source (`handles`: the same shape as the destination) and at flat index `flat`
+        // of the contiguous f32 destination, which this thread alone writes. unary_back does
+        // not run in place, and `apply_back` reads each element before writing it anyway.
+        unsafe {
+            let gp = ctx.src[0].add(off(gnb));
+            let xp = ctx.src[1].add(off(xnb));
+            let dp = (ctx.dst as *mut f32).add(flat);
+            if direct {
+                apply_back(isa, deriv, gp as *const f32, xp as *const f32, dp, len);
+                return;
+            }
+            let mut done = 0;
+            while done < len {
+                let c = CHUNK.min(len - done);
+                load_f32(
+                    isa,
+                    g.dtype,
+                    gp.add(done * gnb[0]),
+                    gnb[0],
+                    bg.as_mut_ptr(),
+                    c,
+                );
+                load_f32(
+                    isa,
+                    x.dtype,
+                    xp.add(done * xnb[0]),
+                    xnb[0],
+                    bx.as_mut_ptr(),
+                    c,
+                );
+                apply_back(isa, deriv, bg.as_ptr(), bx.as_ptr(), dp.add(done), c);
+                done += c;
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The AVX2 + FMA forms, eight lanes at a time.
 ///
 /// Safety: the vector functions here are `#[inline(always)]` (so that they are inlined into the
@@ -267,7 +476,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
 /// from `#[target_feature(enable = "avx2,fma")]` functions, on a CPU that has them.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{Fun, ERFC_C, GELU_K1, GELU_K2, GELU_QUICK};
+    use super::{Deriv, Fun, ERFC_C, GELU_K1, GELU_K2, GELU_QUICK};
     use std::arch::x86_64::*;
     use tessera::op::UnaryOp;
 
@@ -365,10 +574,9 @@ pub(crate) mod x86 {
         _mm256_div_ps(x, _mm256_add_ps(c(1.0), e))
     }
 
-    /// gelu, tanh form: `0.5x(1 + tanh u) = x / (1 + e^(-2u))`, `2u = x (k1 + k2 x²)`, with
-    /// `k1 + k2 x²` in double-f32 so that the exponent is right to about 1e-14 relative.
+    /// `t + t_lo = k1 + k2 x²` in double-f32 (gelu's `2u = x·t`), and `x²`.
     #[inline(always)]
-    pub(crate) unsafe fn gelu(x: __m256) -> __m256 {
+    unsafe fn gelu_t(x: __m256) -> (__m256, __m256, __m256) {
         let x2 = _mm256_mul_ps(x, x);
         // the square's rounding error (0 where the square overflows)
         let x2_lo = _mm256_and_ps(_mm256_fmsub_ps(x, x, x2), finite(x2));
@@ -381,6 +589,14 @@ pub(crate) mod x86 {
         let (t, t_err) = two_sum(c(GELU_K1.0), p);
         let t_lo = _mm256_add_ps(_mm256_add_ps(t_err, p_lo), c(GELU_K1.1));
         let t_lo = _mm256_and_ps(t_lo, finite(t));
+        (t, t_lo, x2)
+    }
+
+    /// gelu, tanh form: `0.5x(1 + tanh u) = x / (1 + e^(-2u))`, `2u = x (k1 + k2 x²)`, with
+    /// `k1 + k2 x²` in double-f32 so that the exponent is right to about 1e-14 relative.
+    #[inline(always)]
+    pub(crate) unsafe fn gelu(x: __m256) -> __m256 {
+        let (t, t_lo, _) = gelu_t(x);
         _mm256_div_ps(x, _mm256_add_ps(c(1.0), exp_neg_prod(x, t, t_lo)))
     }
 
@@ -554,6 +770,218 @@ pub(crate) mod x86 {
                     UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos => {
                         for i in 0..n {
                             *y.add(i) = super::scalar(f, *x.add(i));
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    // ----- derivatives (unary_back)
+
+    /// `|x|`.
+    #[inline(always)]
+    unsafe fn abs(x: __m256) -> __m256 {
+        _mm256_andnot_ps(c(-0.0), x)
+    }
+
+    /// All ones where `a <= b` etc.: `_mm256_cmp_ps` with an ordered predicate (false for NaN).
+    macro_rules! cmp {
+        ($a:expr, $op:ident, $b:expr) => {
+            _mm256_cmp_ps($a, $b, $op)
+        };
+    }
+
+    /// The derivative of `x·σ(v)`, `v = x·k(x)` with `k > 0` (silu, gelu_quick, gelu), from
+    /// `e = e^(-|v|)` and `w + w_lo = x·v'` (double-f32): `(1 + e + w e)/(1 + e)²` for x >= 0
+    /// and `e ((1 + w) + (w_lo + e))/(1 + e)²` below — no overflow, and no cancellation but at
+    /// the derivative's zero crossing, where `w` is in [-2, -1] so that `1 + w` is exact
+    /// (Sterbenz) and the sum is rounded once. Where `e` underflows to 0 and x is finite the
+    /// derivative is 1 (x > 0) or 0 (so `w` may have overflowed there); x = ±inf gives NaN
+    /// like the reference's `inf·0`.
+    #[inline(always)]
+    unsafe fn x_sigma_deriv(x: __m256, e: __m256, w: __m256, w_lo: __m256) -> __m256 {
+        let q = _mm256_add_ps(c(1.0), e);
+        let q2 = _mm256_mul_ps(q, q);
+        let pos = _mm256_div_ps(_mm256_fmadd_ps(w, e, q), q2);
+        let s = _mm256_add_ps(_mm256_add_ps(c(1.0), w), _mm256_add_ps(w_lo, e));
+        let neg = _mm256_div_ps(_mm256_mul_ps(e, s), q2);
+        let r = _mm256_blendv_ps(neg, pos, cmp!(x, _CMP_GE_OQ, c(0.0)));
+        let sat = _mm256_and_ps(cmp!(e, _CMP_EQ_OQ, c(0.0)), finite(x));
+        let limit = _mm256_and_ps(c(1.0), cmp!(x, _CMP_GT_OQ, c(0.0)));
+        _mm256_blendv_ps(r, limit, sat)
+    }
+
+    /// `x·(k + k_lo)` as `(hi, lo)`: the product's rounding error and `x·k_lo` in `lo`.
+    #[inline(always)]
+    unsafe fn prod2(x: __m256, k: __m256, k_lo: __m256) -> (__m256, __m256) {
+        let hi = _mm256_mul_ps(x, k);
+        (hi, _mm256_fmadd_ps(x, k_lo, _mm256_fmsub_ps(x, k, hi)))
+    }
+
+    /// σ'(x) = e/(1 + e)², e = e^(-|x|).
+    #[inline(always)]
+    unsafe fn d_sigmoid(x: __m256) -> __m256 {
+        let e = exp(neg(abs(x)));
+        let q = _mm256_add_ps(c(1.0), e);
+        _mm256_div_ps(e, _mm256_mul_ps(q, q))
+    }
+
+    /// tanh'(x) = sech²x = 4e/(1 + e)², e = e^(-2|x|).
+    #[inline(always)]
+    unsafe fn d_tanh(x: __m256) -> __m256 {
+        let ax = abs(x);
+        let e = exp(neg(_mm256_add_ps(ax, ax)));
+        let q = _mm256_add_ps(c(1.0), e);
+        _mm256_div_ps(_mm256_mul_ps(c(4.0), e), _mm256_mul_ps(q, q))
+    }
+
+    #[inline(always)]
+    unsafe fn d_silu(x: __m256) -> __m256 {
+        x_sigma_deriv(x, exp(neg(abs(x))), x, c(0.0))
+    }
+
+    #[inline(always)]
+    unsafe fn d_gelu_quick(x: __m256) -> __m256 {
+        let (k, k_lo) = (c(GELU_QUICK.0), c(GELU_QUICK.1));
+        let e = exp_neg_prod(abs(x), k, k_lo);
+        let (w, w_lo) = prod2(x, k, k_lo);
+        x_sigma_deriv(x, e, w, w_lo)
+    }
+
+    /// gelu (tanh form): `v = x (k1 + k2 x²)` with its exponent exact to first order as in
+    /// [`gelu`], and `v' = k1 + 3 k2 x² = (t + t_lo) + 2 k2 x²` in double-f32 too.
+    #[inline(always)]
+    unsafe fn d_gelu(x: __m256) -> __m256 {
+        let (t, t_lo, x2) = gelu_t(x);
+        let e = exp_neg_prod(abs(x), t, t_lo);
+        // 2 k2 x² = p2 + p2_lo (k2's remainder and x²'s rounding are below f32's reach here)
+        let k2x2 = _mm256_mul_ps(c(2.0 * GELU_K2.0), x2);
+        let k2x2_lo = _mm256_fmsub_ps(c(2.0 * GELU_K2.0), x2, k2x2);
+        let (vp, vp_err) = two_sum(t, k2x2);
+        let vp_lo = _mm256_add_ps(vp_err, _mm256_add_ps(t_lo, k2x2_lo));
+        let vp_lo = _mm256_and_ps(vp_lo, finite(vp));
+        let (w, w_lo) = prod2(x, vp, vp_lo);
+        x_sigma_deriv(x, e, w, _mm256_and_ps(w_lo, finite(w)))
+    }
+
+    /// gelu_erf: `0.5 (1 + erf(x/√2)) + x φ(x)` with `φ(x) = E/√(2π)`, `E = e^(-x²/2)` (its
+    /// exponent exact to first order) and `0.5 erfc(|x|/√2) = h·E`, `h = 0.5 t e^(P(t))` (the
+    /// forward's fit): `E (h + x/√(2π))` for x < 0, `1 - h E + x E/√(2π)` otherwise.
+    #[inline(always)]
+    unsafe fn d_gelu_erf(x: __m256) -> __m256 {
+        let z = _mm256_mul_ps(x, c(std::f32::consts::FRAC_1_SQRT_2));
+        let a = abs(z);
+        let t = _mm256_div_ps(c(1.0), _mm256_fmadd_ps(c(0.5), a, c(1.0)));
+        let mut p = c(ERFC_C[9]);
+        for &k in ERFC_C[..9].iter().rev() {
+            p = _mm256_fmadd_ps(p, t, c(k));
+        }
+        let h = _mm256_mul_ps(_mm256_mul_ps(c(0.5), t), exp(p));
+        // x²/2 = s + s_lo exactly
+        let xx = _mm256_mul_ps(x, x);
+        let s = _mm256_mul_ps(xx, c(0.5));
+        let s_lo = _mm256_mul_ps(_mm256_fmsub_ps(x, x, xx), c(0.5));
+        let e = corrected(exp(neg(s)), s_lo);
+        // 1/√(2π)
+        let xc = _mm256_mul_ps(x, c(0.398_942_3));
+        let below = _mm256_mul_ps(e, _mm256_add_ps(h, xc));
+        let above = _mm256_fmadd_ps(xc, e, _mm256_fnmadd_ps(h, e, c(1.0)));
+        _mm256_blendv_ps(above, below, cmp!(x, _CMP_LT_OQ, c(0.0)))
+    }
+
+    /// Maps `g · f'(x)` over eight lanes at a time; the tail goes through padded registers.
+    macro_rules! map_back {
+        ($g:ident, $x:ident, $y:ident, $n:ident, |$v:ident| $body:expr) => {{
+            let mut i = 0;
+            while i + 8 <= $n {
+                let gv = _mm256_loadu_ps($g.add(i));
+                let $v = _mm256_loadu_ps($x.add(i));
+                _mm256_storeu_ps($y.add(i), _mm256_mul_ps(gv, $body));
+                i += 8;
+            }
+            if i < $n {
+                let mut tg = [0f32; 8];
+                let mut tx = [0f32; 8];
+                std::ptr::copy_nonoverlapping($g.add(i), tg.as_mut_ptr(), $n - i);
+                std::ptr::copy_nonoverlapping($x.add(i), tx.as_mut_ptr(), $n - i);
+                let gv = _mm256_loadu_ps(tg.as_ptr());
+                let $v = _mm256_loadu_ps(tx.as_ptr());
+                _mm256_storeu_ps(tg.as_mut_ptr(), _mm256_mul_ps(gv, $body));
+                std::ptr::copy_nonoverlapping(tg.as_ptr(), $y.add(i), $n - i);
+            }
+        }};
+    }
+
+    /// `y[i] = g[i] · f'(x[i])`.
+    ///
+    /// # Safety
+    /// As [`super::apply_back`]; the CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn apply_back(d: Deriv, g: *const f32, x: *const f32, y: *mut f32, n: usize) {
+        // SAFETY: the caller guarantees `n` f32 at `g`, `x` and `y` (`y` the same memory as an
+        // input or disjoint from both); every block of 8 is loaded before it is stored.
+        unsafe {
+            match d {
+                Deriv::LeakyRelu { negative_slope } => {
+                    let k = c(negative_slope);
+                    map_back!(g, x, y, n, |v| _mm256_blendv_ps(
+                        k,
+                        c(1.0),
+                        cmp!(v, _CMP_GT_OQ, c(0.0))
+                    ))
+                }
+                Deriv::Clamp { min, max } => {
+                    let (lo, hi) = (c(min), c(max));
+                    map_back!(g, x, y, n, |v| _mm256_and_ps(
+                        c(1.0),
+                        _mm256_and_ps(cmp!(v, _CMP_GE_OQ, lo), cmp!(v, _CMP_LE_OQ, hi))
+                    ))
+                }
+                Deriv::Unary(u) => match u {
+                    // abs' = sgn (NaN gives 0)
+                    UnaryOp::Abs => map_back!(g, x, y, n, |v| _mm256_or_ps(
+                        _mm256_and_ps(c(1.0), cmp!(v, _CMP_GT_OQ, c(0.0))),
+                        _mm256_and_ps(c(-1.0), cmp!(v, _CMP_LT_OQ, c(0.0)))
+                    )),
+                    UnaryOp::Sgn | UnaryOp::Step => map_back!(g, x, y, n, |_v| c(0.0)),
+                    UnaryOp::Neg => map_back!(g, x, y, n, |_v| c(-1.0)),
+                    UnaryOp::Relu => {
+                        map_back!(g, x, y, n, |v| _mm256_and_ps(
+                            c(1.0),
+                            cmp!(v, _CMP_GT_OQ, c(0.0))
+                        ))
+                    }
+                    UnaryOp::Tanh => map_back!(g, x, y, n, |v| d_tanh(v)),
+                    UnaryOp::Sigmoid => map_back!(g, x, y, n, |v| d_sigmoid(v)),
+                    UnaryOp::Silu => map_back!(g, x, y, n, |v| d_silu(v)),
+                    UnaryOp::GeluQuick => map_back!(g, x, y, n, |v| d_gelu_quick(v)),
+                    UnaryOp::Gelu => map_back!(g, x, y, n, |v| d_gelu(v)),
+                    UnaryOp::GeluErf => map_back!(g, x, y, n, |v| d_gelu_erf(v)),
+                    UnaryOp::Elu => map_back!(g, x, y, n, |v| _mm256_blendv_ps(
+                        exp(v),
+                        c(1.0),
+                        cmp!(v, _CMP_GT_OQ, c(0.0))
+                    )),
+                    UnaryOp::Exp => map_back!(g, x, y, n, |v| exp(v)),
+                    UnaryOp::Hardswish => map_back!(g, x, y, n, |v| {
+                        // (2x + 3)/6 on [-3, 3], 0 below, 1 above (NaN stays NaN)
+                        let m = _mm256_div_ps(_mm256_fmadd_ps(c(2.0), v, c(3.0)), c(6.0));
+                        let m = _mm256_blendv_ps(m, c(0.0), cmp!(v, _CMP_LT_OQ, c(-3.0)));
+                        _mm256_blendv_ps(m, c(1.0), cmp!(v, _CMP_GT_OQ, c(3.0)))
+                    }),
+                    UnaryOp::Hardsigmoid => map_back!(g, x, y, n, |v| _mm256_and_ps(
+                        c(1.0 / 6.0),
+                        _mm256_and_ps(cmp!(v, _CMP_GT_OQ, c(-3.0)), cmp!(v, _CMP_LT_OQ, c(3.0)))
+                    )),
+                    UnaryOp::Log => map_back!(g, x, y, n, |v| _mm256_div_ps(c(1.0), v)),
+                    UnaryOp::Sqr => map_back!(g, x, y, n, |v| _mm256_add_ps(v, v)),
+                    UnaryOp::Sqrt => {
+                        map_back!(g, x, y, n, |v| _mm256_div_ps(c(0.5), _mm256_sqrt_ps(v)))
+                    }
+                    UnaryOp::Sin | UnaryOp::Cos => {
+                        for i in 0..n {
+                            *y.add(i) = super::scalar_back(d, *g.add(i), *x.add(i));
                         }
                     }
                 },
