@@ -14,7 +14,7 @@
 mod common;
 
 use common::*;
-use tessera::op::{Deriv, UnaryOp};
+use tessera::op::{Deriv, NormBackKind, UnaryOp};
 use tessera::{DType, Graph, ReferenceBackend, Session, TensorId};
 use tessera_cpu::{CpuBackend, Isa};
 
@@ -371,4 +371,126 @@ fn accuracy_of_the_derivatives() {
         }
     }
     assert!(bad.is_empty(), "errors above their bounds: {bad:#?}");
+}
+
+// ----- norm_back
+
+fn norm_kinds() -> Vec<NormBackKind> {
+    let mut v = vec![
+        NormBackKind::Norm { eps: 1e-5 },
+        NormBackKind::Rms { eps: 1e-6 },
+        NormBackKind::L2 { eps: 1e-12 },
+        // rows of uniform(-1, 1) values shorter than 300 have |x| < 10: the constant-scale branch
+        NormBackKind::L2 { eps: 10.0 },
+    ];
+    for n_groups in [1, 2, 3, 4, 7] {
+        v.push(NormBackKind::Group {
+            n_groups,
+            eps: 1e-5,
+        });
+    }
+    v
+}
+
+/// Leaves grad and x of shape `dims` (x shifted by `shift`), in layout 0 (dense), 1 (both
+/// permuted: dims 1 and 2 swapped, rows dense) or 2 (x transposed: rows not dense, so the
+/// fallback runs); then `norm_back`.
+fn norm_back_graph(
+    dims: [usize; 4],
+    layout: usize,
+    shift: f32,
+    kind: NormBackKind,
+) -> (Graph, [TensorId; 2], TensorId) {
+    let mut g = Graph::new();
+    let (gr, x, gv, xv) = match layout {
+        0 => {
+            let gr = g.new_f32(&dims).unwrap();
+            let x = g.new_f32(&dims).unwrap();
+            (gr, x, gr, x)
+        }
+        1 => {
+            let sw = [dims[0], dims[2], dims[1], dims[3]];
+            let gr = g.new_f32(&sw).unwrap();
+            let x = g.new_f32(&sw).unwrap();
+            let p = [0, 2, 1, 3];
+            (gr, x, g.permute(gr, p).unwrap(), g.permute(x, p).unwrap())
+        }
+        _ => {
+            let gr = g.new_f32(&dims).unwrap();
+            let tr = [dims[1], dims[0], dims[2], dims[3]];
+            let x = g.new_f32(&tr).unwrap();
+            (gr, x, gr, g.transpose(x).unwrap())
+        }
+    };
+    let xv = if shift != 0.0 {
+        g.scale_bias(xv, 1.0, shift).unwrap()
+    } else {
+        xv
+    };
+    let y = g.norm_back(gv, xv, kind).unwrap();
+    assert_eq!(
+        tessera_cpu::ops::fast_path(&g, g.tensor(y)),
+        layout < 2 || dims[0] == 1 || dims[1] == 1,
+        "{kind:?} layout {layout}: dense rows run on the dedicated kernel, others fall back"
+    );
+    (g, [gr, x], y)
+}
+
+#[test]
+fn norm_back_every_kind_and_layout() {
+    let mut rng = Rng::new(73);
+    let shapes = [
+        [1usize, 1, 1, 1],
+        [17, 3, 1, 1],
+        [7, 5, 6, 2],
+        [33, 1, 5, 1],
+        [1, 2, 4, 1],
+        [4099, 1, 2, 1],
+        [64, 3, 3, 3],
+    ];
+    for kind in norm_kinds() {
+        for dims in shapes {
+            if dims[0] == 1 && matches!(kind, NormBackKind::L2 { eps } if eps < 1.0) {
+                // x/|x| of one value is ±1: its gradient is 0 up to f64 rounding in both
+                continue;
+            }
+            for layout in 0..3 {
+                let (g, inputs, y) = norm_back_graph(dims, layout, 0.0, kind);
+                check(
+                    g,
+                    &inputs,
+                    y,
+                    &mut rng,
+                    1e-6,
+                    &format!("norm_back {kind:?} {dims:?} layout {layout}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_back_with_a_large_mean() {
+    // x around 1000 with a spread of 1: the mean is found before the centred sums
+    let mut rng = Rng::new(74);
+    for kind in [
+        NormBackKind::Norm { eps: 1e-5 },
+        NormBackKind::Group {
+            n_groups: 2,
+            eps: 1e-5,
+        },
+        NormBackKind::Rms { eps: 1e-6 },
+    ] {
+        for dims in [[4096usize, 2, 1, 1], [31, 3, 4, 1]] {
+            let (g, inputs, y) = norm_back_graph(dims, 0, 1000.0, kind);
+            check(
+                g,
+                &inputs,
+                y,
+                &mut rng,
+                1e-6,
+                &format!("{kind:?} {dims:?} mean 1000"),
+            );
+        }
+    }
 }

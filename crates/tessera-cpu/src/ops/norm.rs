@@ -1,5 +1,6 @@
 //! CPU kernels of the `norm` family: norm (layer norm without affine), rms_norm, l2_norm and
-//! group_norm, on f32 with any source strides (the destination is contiguous f32).
+//! group_norm, on f32 with any source strides (the destination is contiguous f32), and their
+//! gradient `norm_back`.
 //!
 //! Work split: norm/rms_norm/l2_norm give each thread a contiguous range of rows; group_norm
 //! gives each thread a contiguous range of (group, i3) units. A row (or a group) is always
@@ -15,7 +16,20 @@
 //!
 //! Non-contiguous rows (a transposed or permuted source) are first gathered into the
 //! destination row (which is contiguous), then normalised in place there.
+//!
+//! **norm_back** (the gradient of the four, sources grad and x, f32 with dense rows and any row
+//! strides; a transposed source takes the fallback): the same split — rows, or (group, i3)
+//! units — and one thread per vector. Three passes over a vector: its mean (norm and
+//! group_norm only), then `Σ(x - mean)²`, `Σg` and `Σg(x - mean)` with `x - mean` and every
+//! product in f64 (four-lane f64 accumulators on AVX2, sequential on the scalar path), then
+//! `dx = r·((g - mean(g)) - (x - mean)·r²·mean(g·(x - mean)))` (and its rms / l2 analogues)
+//! per element in f64, rounded once to f32. So the output is the reference's to about half an
+//! f32 ulp of each element (the f64 sums' order aside), a constant gradient gives exactly 0
+//! for norm, and a large mean does not cancel (the tests allow 1e-6 of the output's largest
+//! magnitude). A group of both-contiguous sources is one segment; otherwise its rows are
+//! walked in the reference's order (channel, then row).
 
+use tessera::op::NormBackKind;
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
@@ -24,11 +38,16 @@ use crate::simd::Isa;
 /// Whether this family's kernels handle node `t` (types, layout); otherwise the fallback runs.
 pub fn handles(graph: &Graph, t: &Tensor) -> bool {
     let a = graph.tensor(t.src[0]);
-    !matches!(t.op, Op::NormBack(_))
-        && a.dtype == DType::F32
-        && t.dtype == DType::F32
-        && t.is_contiguous()
-        && a.ne == t.ne
+    if let Op::NormBack(_) = t.op {
+        let x = graph.tensor(t.src[1]);
+        let dense_rows = |s: &Tensor| s.nb[0] == 4 || s.ne[0] <= 1;
+        return [a, x]
+            .iter()
+            .all(|s| s.dtype == DType::F32 && s.ne == t.ne && dense_rows(s))
+            && t.dtype == DType::F32
+            && t.is_contiguous();
+    }
+    a.dtype == DType::F32 && t.dtype == DType::F32 && t.is_contiguous() && a.ne == t.ne
 }
 
 /// Scratch bytes node `t` needs with `nth` threads (none: the destination is the scratch).
@@ -49,6 +68,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Op::RmsNorm { eps } => rows(ctx, Kind::Rms, eps),
         Op::L2Norm { eps } => rows(ctx, Kind::L2, eps),
         Op::GroupNorm { n_groups, eps } => groups(ctx, n_groups, eps),
+        Op::NormBack(kind) => back(ctx, kind),
         _ => Err(ctx.err("not a normalisation op")),
     }
 }
@@ -169,6 +189,189 @@ fn groups(ctx: &NodeCtx, n_groups: usize, eps: f32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `norm_back`: the gradient of norm / rms_norm / l2_norm (one row per unit) or group_norm (one
+/// (group, i3) block per unit), units split between threads in contiguous ranges. A unit is a
+/// list of segments (its rows, or one segment when both sources are contiguous), always walked
+/// in the same order, so the result does not depend on the thread count.
+fn back(ctx: &NodeCtx, kind: NormBackKind) -> Result<()> {
+    let (gt, xt, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    let ne = d.ne;
+    if ne[0] == 0 {
+        return Ok(());
+    }
+    let isa = ctx.isa;
+    // SAFETY (for `seg` below): `exec::validate` checked all three spans; row (i1, i2, i3) of
+    // each source has ne0 dense f32 (`handles`) and of the destination ne0 contiguous f32.
+    let row = |i1: usize, i2: usize, i3: usize| unsafe {
+        let at = |nb: [usize; 4]| i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+        (
+            ctx.src[0].add(at(gt.nb)) as *const f32,
+            ctx.src[1].add(at(xt.nb)) as *const f32,
+            ctx.dst.add(at(d.nb)) as *mut f32,
+        )
+    };
+    match kind {
+        NormBackKind::Group { n_groups, eps } => {
+            let channels = ne[2];
+            let per_group = channels.div_ceil(n_groups.max(1));
+            let dense = gt.is_contiguous() && xt.is_contiguous();
+            for u in ctx.share(n_groups * ne[3]) {
+                let (gr, i3) = (u % n_groups, u / n_groups);
+                let start = (gr * per_group).min(channels);
+                let end = (start + per_group).min(channels);
+                let rows = (end - start) * ne[1];
+                if rows == 0 {
+                    continue;
+                }
+                let unit = if dense {
+                    Unit {
+                        len: rows * ne[0],
+                        count: 1,
+                        seg: &|_| row(0, start, i3),
+                    }
+                } else {
+                    Unit {
+                        len: ne[0],
+                        count: rows,
+                        seg: &|k| row(k % ne[1], start + k / ne[1], i3),
+                    }
+                };
+                // SAFETY: the segments are this unit's rows (see `row`); this thread alone
+                // writes the destination rows of channels start..end at i3.
+                unsafe { back_unit(isa, kind, eps as f64, &unit) };
+            }
+        }
+        NormBackKind::Norm { eps } | NormBackKind::Rms { eps } | NormBackKind::L2 { eps } => {
+            for r in ctx.share(d.nrows()) {
+                let (i1, i2, i3) = (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]));
+                let unit = Unit {
+                    len: ne[0],
+                    count: 1,
+                    seg: &|_| row(i1, i2, i3),
+                };
+                // SAFETY: as above; this thread alone writes destination row r.
+                unsafe { back_unit(isa, kind, eps as f64, &unit) };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A normalised vector of `count · len` values as `count` segments of `len`: segment `k` is
+/// `seg(k) = (grad, x, dst)`.
+struct Unit<'a> {
+    len: usize,
+    count: usize,
+    seg: &'a dyn Fn(usize) -> (*const f32, *const f32, *mut f32),
+}
+
+/// `dx` of one normalised vector, every sum in f64 and `dx = A·((g + C) + B·(x - mean))` per
+/// element in f64, rounded once to f32:
+/// - norm / group: `y = (x - mean) r`, `r = 1/sqrt(var + eps)`:
+///   `dx = r (g - mean(g) - y·mean(g y))`, i.e. `A = r`, `B = -r² Σg(x-mean)/m`, `C = -Σg/m`
+///   (`g - mean(g)` is formed before the scaling, as the reference does, so a constant
+///   gradient gives exactly 0);
+/// - rms: `r = 1/sqrt(mean(x²) + eps)`: `dx = r g - x r³ mean(g x)`, `A = r`,
+///   `B = -r² Σgx/m` (mean 0, C 0);
+/// - l2: `s = 1/|x|`: `A = s`, `B = -s² Σgx`; `A = 1/eps`, `B = 0` where `|x| <= eps`.
+///
+/// The mean is found first (a pass of its own), so `Σ(x - mean)²` and `Σ g (x - mean)` do not
+/// cancel.
+///
+/// # Safety
+/// Every segment's pointers address `len` f32 (grad and x readable, dst writable); the
+/// destination segments are disjoint from each other and from the sources.
+unsafe fn back_unit(isa: Isa, kind: NormBackKind, eps: f64, u: &Unit) {
+    let m = (u.len * u.count) as f64;
+    let mean = if matches!(kind, NormBackKind::Norm { .. } | NormBackKind::Group { .. }) {
+        let mut s = 0f64;
+        for k in 0..u.count {
+            // SAFETY: caller's contract.
+            s += unsafe { sum(isa, (u.seg)(k).1, u.len) };
+        }
+        s / m
+    } else {
+        0.0
+    };
+    // [Σ(x - mean)², Σg, Σg(x - mean)]
+    let mut sums = [0f64; 3];
+    for k in 0..u.count {
+        let (g, x, _) = (u.seg)(k);
+        // SAFETY: caller's contract.
+        let s = unsafe { back_sums(isa, g, x, mean, u.len) };
+        for (a, b) in sums.iter_mut().zip(s) {
+            *a += b;
+        }
+    }
+    let [sdd, sg, sgd] = sums;
+    let (a, b, c) = match kind {
+        NormBackKind::Norm { .. } | NormBackKind::Group { .. } => {
+            let r = 1.0 / (sdd / m + eps).sqrt();
+            (r, -r * r * sgd / m, -sg / m)
+        }
+        NormBackKind::Rms { .. } => {
+            let r = 1.0 / (sdd / m + eps).sqrt();
+            (r, -r * r * sgd / m, 0.0)
+        }
+        NormBackKind::L2 { .. } => {
+            let norm = sdd.sqrt();
+            if norm <= eps {
+                (1.0 / eps, 0.0, 0.0)
+            } else {
+                let s = 1.0 / norm;
+                (s, -s * s * sgd, 0.0)
+            }
+        }
+    };
+    for k in 0..u.count {
+        let (g, x, y) = (u.seg)(k);
+        // SAFETY: caller's contract.
+        unsafe { back_combine(isa, g, x, y, u.len, [a, b, c, mean]) };
+    }
+}
+
+/// `[Σ(x - mean)², Σg, Σg(x - mean)]` over `n` values, in f64 (`x - mean` too).
+///
+/// # Safety
+/// `g` and `x` have `n` readable f32.
+unsafe fn back_sums(isa: Isa, g: *const f32, x: *const f32, mean: f64, n: usize) -> [f64; 3] {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2(isa) {
+        // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; caller's contract.
+        return unsafe { avx2::back_sums(g, x, mean, n) };
+    }
+    let _ = isa;
+    let mut s = [0f64; 3];
+    for i in 0..n {
+        // SAFETY: i < n.
+        let (gi, d) = unsafe { (*g.add(i) as f64, *x.add(i) as f64 - mean) };
+        s[0] += d * d;
+        s[1] += gi;
+        s[2] += gi * d;
+    }
+    s
+}
+
+/// `y = A·((g + C) + B·(x - mean))` in f64 (`k = [A, B, C, mean]`), rounded to f32.
+///
+/// # Safety
+/// `g`, `x` have `n` readable f32, `y` `n` writable f32, equal to `g` or `x` or disjoint.
+unsafe fn back_combine(isa: Isa, g: *const f32, x: *const f32, y: *mut f32, n: usize, k: [f64; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2(isa) {
+        // SAFETY: as in `back_sums`.
+        return unsafe { avx2::back_combine(g, x, y, n, k) };
+    }
+    let _ = isa;
+    for i in 0..n {
+        // SAFETY: i < n; both inputs are read before y[i] is written.
+        unsafe {
+            let (gi, d) = (*g.add(i) as f64, *x.add(i) as f64 - k[3]);
+            *y.add(i) = (k[0] * ((gi + k[2]) + k[1] * d)) as f32;
+        }
+    }
 }
 
 /// Σ x in f64.
@@ -359,6 +562,78 @@ mod avx2 {
             }
             while i < n {
                 *y.add(i) = *x.add(i) * s;
+                i += 1;
+            }
+        }
+    }
+
+    /// `[Σ(x - mean)², Σg, Σg(x - mean)]` in f64: 8 values per step, two sets of accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn back_sums(g: *const f32, x: *const f32, mean: f64, n: usize) -> [f64; 3] {
+        // SAFETY: loads stay below n (caller's contract).
+        unsafe {
+            let mv = _mm256_set1_pd(mean);
+            let mut dd = [_mm256_setzero_pd(); 2];
+            let mut sg = [_mm256_setzero_pd(); 2];
+            let mut gd = [_mm256_setzero_pd(); 2];
+            let mut i = 0;
+            while i + 8 <= n {
+                let gv = _mm256_loadu_ps(g.add(i));
+                let xv = _mm256_loadu_ps(x.add(i));
+                let gs = [
+                    _mm256_cvtps_pd(_mm256_castps256_ps128(gv)),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps(gv, 1)),
+                ];
+                let ds = [
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xv)), mv),
+                    _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1)), mv),
+                ];
+                for k in 0..2 {
+                    dd[k] = _mm256_fmadd_pd(ds[k], ds[k], dd[k]);
+                    sg[k] = _mm256_add_pd(sg[k], gs[k]);
+                    gd[k] = _mm256_fmadd_pd(gs[k], ds[k], gd[k]);
+                }
+                i += 8;
+            }
+            let mut s = [
+                hsum_pd(_mm256_add_pd(dd[0], dd[1])),
+                hsum_pd(_mm256_add_pd(sg[0], sg[1])),
+                hsum_pd(_mm256_add_pd(gd[0], gd[1])),
+            ];
+            while i < n {
+                let (gi, d) = (*g.add(i) as f64, *x.add(i) as f64 - mean);
+                s[0] += d * d;
+                s[1] += gi;
+                s[2] += gi * d;
+                i += 1;
+            }
+            s
+        }
+    }
+
+    /// `y = A·((g + C) + B·(x - mean))` in f64, rounded to f32 (`k = [A, B, C, mean]`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn back_combine(g: *const f32, x: *const f32, y: *mut f32, n: usize, k: [f64; 4]) {
+        // SAFETY: loads and stores stay below n; each block is loaded before it is stored.
+        unsafe {
+            let [a, b, c, m] = k.map(|v| _mm256_set1_pd(v));
+            let one = |gv: __m128, xv: __m128| {
+                let d = _mm256_sub_pd(_mm256_cvtps_pd(xv), m);
+                let v = _mm256_fmadd_pd(b, d, _mm256_add_pd(_mm256_cvtps_pd(gv), c));
+                _mm256_cvtpd_ps(_mm256_mul_pd(a, v))
+            };
+            let mut i = 0;
+            while i + 8 <= n {
+                let gv = _mm256_loadu_ps(g.add(i));
+                let xv = _mm256_loadu_ps(x.add(i));
+                let lo = one(_mm256_castps256_ps128(gv), _mm256_castps256_ps128(xv));
+                let hi = one(_mm256_extractf128_ps(gv, 1), _mm256_extractf128_ps(xv, 1));
+                _mm256_storeu_ps(y.add(i), _mm256_set_m128(hi, lo));
+                i += 8;
+            }
+            while i < n {
+                let (gi, d) = (*g.add(i) as f64, *x.add(i) as f64 - k[3]);
+                *y.add(i) = (k[0] * k[1].mul_add(d, gi + k[2])) as f32;
                 i += 1;
             }
         }
