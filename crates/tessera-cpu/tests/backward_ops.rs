@@ -494,3 +494,155 @@ fn norm_back_with_a_large_mean() {
         }
     }
 }
+
+// ----- get_rows_back
+
+/// Runs `out` on the reference and on every CPU configuration with the given inputs and
+/// requires the same bits.
+fn check_exact(
+    g: Graph,
+    f32s: &[(TensorId, Vec<f32>)],
+    idx: (TensorId, &[i32]),
+    out: TensorId,
+    what: &str,
+) {
+    let mut s = Session::new(g, &[out]).expect("plan");
+    for (t, v) in f32s {
+        s.set_f32(*t, v).unwrap();
+    }
+    s.set_i32(idx.0, idx.1).unwrap();
+    s.compute(&ReferenceBackend).expect("reference");
+    let want = s.get_f32(out).unwrap();
+    for cpu in cpu_configs() {
+        s.compute(&cpu)
+            .unwrap_or_else(|e| panic!("{what}: cpu {:?}/{}t: {e}", cpu.isa(), cpu.n_threads()));
+        let got = s.get_f32(out).unwrap();
+        if let Some(k) = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            panic!(
+                "{what}: cpu {:?}/{}t differs from the reference at element {k}: {} vs {}",
+                cpu.isa(),
+                cpu.n_threads(),
+                got[k],
+                want[k]
+            );
+        }
+    }
+}
+
+/// get_rows_back of a `[ne0, n, ne2, ne3]` gradient into `nrows` rows; the gradient is dense,
+/// or (`permuted`) a permutation of a `[ne0, ne2, n, ne3]` leaf (dense rows, strided).
+fn rows_back_case(
+    rng: &mut Rng,
+    ne0: usize,
+    n: usize,
+    planes: [usize; 2],
+    nrows: usize,
+    idx: &dyn Fn(&mut Rng, usize) -> i32,
+    permuted: bool,
+) {
+    let [ne2, ne3] = planes;
+    let mut g = Graph::new();
+    let (leaf, grad) = if permuted {
+        let l = g.new_f32(&[ne0, ne2, n, ne3]).unwrap();
+        (l, g.permute(l, [0, 2, 1, 3]).unwrap())
+    } else {
+        let l = g.new_f32(&[ne0, n, ne2, ne3]).unwrap();
+        (l, l)
+    };
+    let i = g.new_tensor(DType::I32, &[n, ne2, ne3]).unwrap();
+    let y = g.get_rows_back(grad, i, [ne0, nrows, ne2, ne3]).unwrap();
+    assert_fast(&g, y);
+    let gv: Vec<f32> = (0..ne0 * n * ne2 * ne3)
+        .map(|_| rng.uniform(-1.0, 1.0))
+        .collect();
+    let iv: Vec<i32> = (0..n * ne2 * ne3).map(|k| idx(rng, k)).collect();
+    check_exact(
+        g,
+        &[(leaf, gv)],
+        (i, &iv),
+        y,
+        &format!(
+            "get_rows_back ne0 {ne0} n {n} planes {planes:?} rows {nrows} permuted {permuted}"
+        ),
+    );
+}
+
+#[test]
+fn get_rows_back_sums_repeated_rows() {
+    let mut rng = Rng::new(75);
+    for (ne0, n, planes, nrows) in [
+        (1usize, 1usize, [1usize, 1usize], 1usize),
+        (5, 7, [2, 1], 3),
+        (5, 3, [1, 1], 10),
+        (17, 40, [3, 2], 6),
+        (1, 100, [1, 1], 7),
+        (1031, 9, [1, 2], 4),
+        (8, 2, [1, 1], 1),
+    ] {
+        for permuted in [false, true] {
+            rows_back_case(
+                &mut rng,
+                ne0,
+                n,
+                planes,
+                nrows,
+                &|r, _| r.below(nrows) as i32,
+                permuted,
+            );
+        }
+    }
+    // every index the same row; every row once in reverse order; -0 gradients stay exact
+    rows_back_case(&mut rng, 33, 500, [1, 1], 9, &|_, _| 4, false);
+    rows_back_case(
+        &mut rng,
+        3,
+        50,
+        [2, 1],
+        50,
+        &|_, k| 49 - (k % 50) as i32,
+        false,
+    );
+}
+
+#[test]
+fn get_rows_back_of_many_rows() {
+    // more than 65535 gathered rows (ggml's grid limit on GPUs): 70 000 into 1000 and into
+    // 100 000 rows
+    let mut rng = Rng::new(76);
+    for nrows in [1000usize, 100_000] {
+        rows_back_case(
+            &mut rng,
+            8,
+            70_000,
+            [1, 1],
+            nrows,
+            &|r, _| r.below(nrows) as i32,
+            false,
+        );
+    }
+}
+
+#[test]
+fn get_rows_back_out_of_range_index_is_an_error() {
+    for bad in [5, -1, i32::MAX] {
+        let mut g = Graph::new();
+        let gr = g.new_f32(&[3, 4]).unwrap();
+        let i = g.new_tensor(DType::I32, &[4]).unwrap();
+        let y = g.get_rows_back(gr, i, [3, 5, 1, 1]).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_f32(gr, &[0.5; 12]).unwrap();
+        s.set_i32(i, &[0, 4, bad, 1]).unwrap();
+        let want = s.compute(&ReferenceBackend).unwrap_err().to_string();
+        if bad == 5 {
+            assert!(want.contains("index 5 at position [2, 0, 0]"), "{want}");
+        }
+        for cpu in cpu_configs() {
+            let got = s.compute(&cpu).unwrap_err().to_string();
+            assert_eq!(got, want, "cpu {:?}/{}t", cpu.isa(), cpu.n_threads());
+        }
+    }
+}

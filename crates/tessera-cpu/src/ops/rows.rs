@@ -15,6 +15,16 @@
 //! indices resolve like the reference (the last write wins) whatever the thread count, and no
 //! two threads ever write the same row.
 //!
+//! **get_rows_back** (the gradient of get_rows: f32 gradient rows `[ne0, n, ne2, ne3]`, dense
+//! rows with any row strides, scatter-added by i32 indices `[n, ne2, ne3]` into the contiguous
+//! f32 destination; any number of rows) never races on a destination row: each thread owns a
+//! contiguous range of destination rows and, per plane, counting-sorts the indices that fall in
+//! its range into per-row buckets (scratch: an f64 row and u32 buckets, from the work buffer).
+//! Each destination row is then written once: zeros, `0 + g` for one gradient row, or the f64
+//! sum of its gradient rows in ascending order — the reference's arithmetic exactly, so the
+//! result is the reference's bit for bit whatever the thread count. (The work of a thread is
+//! the rows it owns: indices that all name one row leave the other threads idle.)
+//!
 //! Indices are data: before writing anything, every thread checks all of them, so an index
 //! outside the rows is an error (naming the index, its position and the row count) that leaves
 //! the destination untouched.
@@ -51,19 +61,51 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
                 && tessera::shape::rows_contiguous(t.dtype, &t.ne, &t.nb)
                 && b.ne[0] == t.ne[0]
         }
+        Op::GetRowsBack => {
+            let (g, idx) = (s(0), s(1));
+            g.dtype == DType::F32
+                && idx.dtype == DType::I32
+                && t.dtype == DType::F32
+                && (g.nb[0] == 4 || g.ne[0] <= 1)
+                && t.is_contiguous()
+                && u32::try_from(s(1).ne[0]).is_ok()
+        }
         _ => false,
     }
 }
 
 /// Scratch bytes node `t` needs with `nth` threads.
-pub fn work_size(_graph: &Graph, _t: &Tensor, _nth: usize) -> usize {
-    0
+pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
+    match t.op {
+        Op::GetRowsBack => nth * back_scratch(graph, t, nth).per_thread,
+        _ => 0,
+    }
+}
+
+/// Per-thread scratch of get_rows_back: an f64 accumulator row, then the counting sort's
+/// bucket ends (one per destination row the thread may own in a plane, plus one) and its list
+/// of gradient rows (one per index of a plane), as u32.
+struct BackScratch {
+    buckets: usize,
+    per_thread: usize,
+}
+
+fn back_scratch(graph: &Graph, t: &Tensor, nth: usize) -> BackScratch {
+    let n = graph.tensor(t.src[1]).ne[0];
+    let units = t.ne[1] * t.ne[2] * t.ne[3];
+    let buckets = t.ne[1].min(units.div_ceil(nth.max(1))) + 1;
+    let per_thread = (t.ne[0] * 8 + (buckets + n) * 4).next_multiple_of(64);
+    BackScratch {
+        buckets,
+        per_thread,
+    }
 }
 
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
     match ctx.t.op {
         Op::GetRows => get_rows(ctx),
         Op::SetRows => set_rows(ctx),
+        Op::GetRowsBack => get_rows_back(ctx),
         _ => Err(ctx.err("not a rows op")),
     }
 }
@@ -214,6 +256,107 @@ fn set_rows(ctx: &NodeCtx) -> Result<()> {
                 let src = ctx.src[1].add(i * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
                 let dst = ctx.dst.add(r * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
                 store_row(ctx.isa, b.dtype, src, d.dtype, dst, n);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// get_rows_back: destination row `(r, i2, i3)` is the sum of the gradient rows `(i, i2, i3)`
+/// with `idx[i, i2, i3] == r`. Each thread owns a contiguous range of destination rows; per
+/// plane it sorts the indices that fall in its range into buckets (a counting sort, so each
+/// bucket lists its gradient rows in ascending order), then writes each row once: zeros, the
+/// one gradient row, or the sum of several in f64 in ascending order — the reference's
+/// arithmetic exactly, whatever the thread count.
+fn get_rows_back(ctx: &NodeCtx) -> Result<()> {
+    let (g, idx, d) = (ctx.s(0), ctx.s(1), ctx.t);
+    let nrows = d.ne[1];
+    check_indices(ctx, 1, nrows, "the gradient")?;
+    let mine = ctx.share(nrows * d.ne[2] * d.ne[3]);
+    if mine.is_empty() {
+        return Ok(());
+    }
+    let (ne0, n) = (d.ne[0], idx.ne[0]);
+    let sc = back_scratch(ctx.graph, d, ctx.nth);
+    if ctx.wsize < ctx.nth * sc.per_thread {
+        return Err(ctx.err("work buffer too small"));
+    }
+    // SAFETY: the work buffer holds `nth` slices of `per_thread` bytes (checked above); this
+    // thread's is its own. It is 64-byte aligned, the f64 row comes first and the u32 arrays
+    // after it (8-byte multiple), so every slice is aligned for its type.
+    let (acc, ends, list) = unsafe {
+        let base = ctx.wdata.add(ctx.ith * sc.per_thread);
+        let acc = std::slice::from_raw_parts_mut(base as *mut f64, ne0);
+        let u = base.add(ne0 * 8) as *mut u32;
+        (
+            acc,
+            std::slice::from_raw_parts_mut(u, sc.buckets),
+            std::slice::from_raw_parts_mut(u.add(sc.buckets), n),
+        )
+    };
+    for plane in mine.start / nrows..=(mine.end - 1) / nrows {
+        let (i2, i3) = (plane % d.ne[2], plane / d.ne[2]);
+        let lo = mine.start.max(plane * nrows) - plane * nrows;
+        let hi = mine.end.min((plane + 1) * nrows) - plane * nrows;
+        // SAFETY: (i, i2, i3) lies inside the index tensor ([n, ne2, ne3]); indices were
+        // checked above.
+        let index = |i: usize| unsafe { index_at(ctx.src[1], idx, i, i2, i3) } as usize;
+        // counting sort of this plane's gradient rows by destination row, rows lo..hi only:
+        // ends[k + 1] counts bucket k, then the prefix sums make ends[k] its start; filling
+        // advances ends[k] to the bucket's end (= the start of bucket k + 1)
+        let nb = hi - lo;
+        ends[..=nb].fill(0);
+        for i in 0..n {
+            let r = index(i);
+            if (lo..hi).contains(&r) {
+                ends[r - lo + 1] += 1;
+            }
+        }
+        for k in 1..=nb {
+            ends[k] += ends[k - 1];
+        }
+        for i in 0..n {
+            let r = index(i);
+            if (lo..hi).contains(&r) {
+                list[ends[r - lo] as usize] = i as u32;
+                ends[r - lo] += 1;
+            }
+        }
+        for r in lo..hi {
+            let k = r - lo;
+            let start = if k == 0 { 0 } else { ends[k - 1] as usize };
+            let rows = &list[start..ends[k] as usize];
+            let grow = |i: u32| {
+                let off = i as usize * g.nb[1] + i2 * g.nb[2] + i3 * g.nb[3];
+                // SAFETY: gradient row (i, i2, i3) has ne0 dense f32 (span validated, rows
+                // dense by `handles`); the gradient is not the destination's memory.
+                unsafe { std::slice::from_raw_parts(ctx.src[0].add(off) as *const f32, ne0) }
+            };
+            // SAFETY: destination row (r, i2, i3) holds ne0 contiguous f32 that this thread
+            // alone writes (it owns row r of this plane).
+            let out = unsafe {
+                let p = ctx.dst.add(r * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
+                std::slice::from_raw_parts_mut(p as *mut f32, ne0)
+            };
+            match rows {
+                [] => out.fill(0.0),
+                // 0 + v, as the reference's f64 sum starting from zero gives (-0 becomes +0)
+                [i] => {
+                    for (o, &v) in out.iter_mut().zip(grow(*i)) {
+                        *o = 0.0 + v;
+                    }
+                }
+                _ => {
+                    acc.fill(0.0);
+                    for &i in rows {
+                        for (a, &v) in acc.iter_mut().zip(grow(i)) {
+                            *a += v as f64;
+                        }
+                    }
+                    for (o, &a) in out.iter_mut().zip(acc.iter()) {
+                        *o = a as f32;
+                    }
+                }
             }
         }
     }
