@@ -5,6 +5,7 @@ mod bench;
 mod conformance;
 mod llm_cmd;
 mod quant_cmd;
+mod train_cmd;
 
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
@@ -86,6 +87,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Train a GPT-2 with byte-level tokens from scratch (default: on Shakespeare's plays).
+    Train(train_cmd::TrainArgs),
     /// Print a GGUF file's metadata (every key and value) and its tensor table.
     Info {
         /// The GGUF file.
@@ -171,6 +174,7 @@ fn main() -> ExitCode {
                 &model, n_prompt, n_gen, &threads, reps, json,
             ))
         }
+        Cmd::Train(args) => llm(train_cmd::train(&args)),
         Cmd::Info { file } => match open(&file) {
             Ok(f) => {
                 print!("{}", tessera_gguf::dump(&f));

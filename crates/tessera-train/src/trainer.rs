@@ -684,6 +684,26 @@ impl Trainer {
         }
     }
 
+    /// Ops of the training step that run on the CPU backend's single-threaded reference
+    /// fallback (no dedicated kernel for these types or layouts), with their node counts.
+    pub fn fallback_ops(&self) -> Vec<(String, usize)> {
+        let g = self.train.sess.graph();
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for id in g.nodes_for(&self.grads.outputs()) {
+            let t = g.tensor(id);
+            if t.op.is_view() || tessera_cpu::ops::fast_path(g, t) {
+                continue;
+            }
+            let types: Vec<String> = t.src.iter().map(|&s| g.dtype(s).to_string()).collect();
+            let key = format!("{}({})", t.op, types.join(","));
+            match counts.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((key, 1)),
+            }
+        }
+        counts
+    }
+
     /// Runs `backend` instead of the default CPU backend (tests compare backends).
     pub fn backend(&self) -> &dyn Backend {
         &self.backend

@@ -411,6 +411,15 @@ impl Graph {
         }
     }
 
+    /// `x` if it is f32, else an f32 copy.
+    pub(crate) fn cast_f32(&mut self, x: TensorId) -> Result<TensorId> {
+        if self.dtype(x) == DType::F32 {
+            Ok(x)
+        } else {
+            self.cast(x, DType::F32)
+        }
+    }
+
     /// Contiguous f32 copy of `x` transposed (dims 0 and 1 swapped).
     pub(crate) fn transposed(&mut self, x: TensorId) -> Result<TensorId> {
         let t = self.transpose(x)?;

@@ -189,8 +189,10 @@ impl Graph {
                             &format!("a {} weight cannot be trained: freeze it (LoRA trains adapters beside it)", self.dtype(a)),
                         ));
                     }
-                    let bt = self.transposed(b)?;
-                    let gt = self.transposed(g)?;
+                    // the GEMM packs its panels from strided operands: no transposed copies
+                    let bc = self.cast_f32(b)?;
+                    let bt = self.transpose(bc)?;
+                    let gt = self.transpose(g)?;
                     let full = self.mul_mat(bt, gt)?;
                     ga = Some(self.reduce_batches_to(full, a)?);
                 }
@@ -200,9 +202,7 @@ impl Graph {
                         let gt = self.contig(gt)?;
                         self.out_prod(a, gt)?
                     } else {
-                        let tr = self.transpose(a)?;
-                        let dt = self.dtype(a);
-                        let at = self.cast(tr, dt)?;
+                        let at = self.transpose(a)?;
                         self.mul_mat(at, g)?
                     });
                 }
