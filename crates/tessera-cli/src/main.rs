@@ -5,6 +5,7 @@ mod bench;
 mod conformance;
 mod llm_cmd;
 mod quant_cmd;
+mod serve_cmd;
 mod train_cmd;
 
 #[global_allocator]
@@ -89,6 +90,8 @@ enum Cmd {
     },
     /// Train a GPT-2 with byte-level tokens from scratch (default: on Shakespeare's plays).
     Train(train_cmd::TrainArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streamed or not).
+    Serve(serve_cmd::ServeArgs),
     /// Print a GGUF file's metadata (every key and value) and its tensor table.
     Info {
         /// The GGUF file.
@@ -175,6 +178,7 @@ fn main() -> ExitCode {
             ))
         }
         Cmd::Train(args) => llm(train_cmd::train(&args)),
+        Cmd::Serve(args) => llm(serve_cmd::serve(&args)),
         Cmd::Info { file } => match open(&file) {
             Ok(f) => {
                 print!("{}", tessera_gguf::dump(&f));
