@@ -33,7 +33,8 @@ pub const NC: usize = 192;
 pub const MV_MAX_N: usize = 4;
 
 /// Whether out_prod runs on a dedicated kernel (`compute_out_prod`): an f32/f16/bf16 `a` and
-/// an f32 `b` of any strides, a contiguous f32 destination (quantized `a` takes the fallback).
+/// an f32 `b` of any strides, a contiguous f32 destination (a quantized `a` has its own kernel,
+/// `out_prod_quant`).
 pub fn handles_out_prod(graph: &tessera::Graph, t: &Tensor) -> bool {
     if t.src.len() != 2 {
         return false;
@@ -647,7 +648,7 @@ unsafe fn load_row(
 /// # Safety
 /// `c` points at a tile with row stride `ldc` floats holding at least `rows × cols` elements.
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro_kernel(
+pub(crate) unsafe fn micro_kernel(
     isa: Isa,
     kc: usize,
     ap: &[f32],

@@ -15,6 +15,7 @@ pub mod matmul_quant;
 pub mod misc;
 pub mod norm;
 pub mod optim;
+pub mod out_prod_quant;
 pub mod qdot;
 pub mod reduce;
 pub mod rope;
@@ -116,7 +117,7 @@ pub fn fast_path(graph: &Graph, t: &Tensor) -> bool {
         Family::Reduce => reduce::handles(graph, t),
         Family::MatMul => match t.op {
             Op::MulMat => matmul::handles(t, s(0), s(1)) || matmul_quant::handles(t, s(0), s(1)),
-            _ => matmul::handles_out_prod(graph, t),
+            _ => matmul::handles_out_prod(graph, t) || out_prod_quant::handles(graph, t),
         },
         Family::Sort => sort::handles(graph, t),
         Family::Loss => loss::handles(graph, t),
@@ -146,6 +147,7 @@ pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
         Family::MatMul => match t.op {
             Op::MulMat if s(0).dtype.is_quantized() => matmul_quant::work_size(s(0), s(1), nth),
             Op::MulMat => matmul::work_size(s(0), s(1), nth),
+            _ if s(0).dtype.is_quantized() => out_prod_quant::work_size(nth),
             _ => 0,
         },
         Family::Sort => sort::work_size(graph, t, nth),
@@ -194,6 +196,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Family::MatMul => match ctx.t.op {
             Op::MulMat if ctx.s(0).dtype.is_quantized() => matmul_quant::compute(ctx),
             Op::MulMat => matmul::compute(ctx),
+            _ if ctx.s(0).dtype.is_quantized() => out_prod_quant::compute(ctx),
             _ => matmul::compute_out_prod(ctx),
         },
         Family::Sort => sort::compute(ctx),
