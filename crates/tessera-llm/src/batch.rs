@@ -33,7 +33,7 @@ use crate::graph::{build_batch, BatchShape, KV_PAD};
 use crate::model::Model;
 
 /// Graphs kept planned at once (each batch shape has one); the least recently used is dropped.
-pub const GRAPH_LIMIT: usize = 24;
+pub const GRAPH_LIMIT: usize = 48;
 
 /// Tokens of one sequence in a batch, appended after what the cache holds for it.
 #[derive(Clone, Copy, Debug)]
@@ -173,7 +173,9 @@ impl BatchContext {
             )));
         }
         let n_rows = n_ctx * n_seq;
-        let n_kv = n_kv.next_multiple_of(KV_PAD).min(n_rows);
+        // attended rows grow in steps of KV_PAD positions of every sequence, so that a graph
+        // serves many steps (masked rows are skipped, so the extra ones cost little)
+        let n_kv = n_kv.next_multiple_of(KV_PAD * n_seq).min(n_rows);
         let mut ids = Vec::with_capacity(n_tokens);
         let mut pos = Vec::with_capacity(n_tokens);
         let mut rows = Vec::with_capacity(n_tokens);

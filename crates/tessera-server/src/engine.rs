@@ -209,6 +209,7 @@ impl Engine {
             }
         }
         self.admit();
+        self.publish(); // admitted requests show as processing before their first token
         let budget = self.ctx.params.n_batch;
         // one token for every generating slot, then prompt tokens while the budget lasts
         let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::new();
