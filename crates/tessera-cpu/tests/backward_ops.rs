@@ -646,3 +646,83 @@ fn get_rows_back_out_of_range_index_is_an_error() {
         }
     }
 }
+
+// ----- timing (cargo test --release -p tessera-cpu --test backward_ops -- --ignored --nocapture)
+
+fn time(s: &mut Session, b: &dyn tessera::Backend) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        s.compute(b).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn report(what: &str, s: &mut Session) {
+    let r = time(s, &ReferenceBackend);
+    let mut line = format!(
+        "{what}: reference (the fallback's kernel) {:.1} ms",
+        r * 1e3
+    );
+    for nth in [1, 2] {
+        let t = time(s, &CpuBackend::new(nth));
+        line += &format!(", {nth}t {:.2} ms ({:.0}x)", t * 1e3, r / t);
+    }
+    println!("{line}");
+}
+
+#[test]
+#[ignore]
+fn timing_against_the_fallback() {
+    let n = 8 << 20;
+    let mut rng = Rng::new(77);
+    let vals =
+        |rng: &mut Rng, n: usize| (0..n).map(|_| rng.uniform(-4.0, 4.0)).collect::<Vec<f32>>();
+    for u in [
+        UnaryOp::Gelu,
+        UnaryOp::GeluErf,
+        UnaryOp::Silu,
+        UnaryOp::Tanh,
+    ] {
+        let mut g = Graph::new();
+        let gr = g.new_f32(&[n]).unwrap();
+        let x = g.new_f32(&[n]).unwrap();
+        let y = g.unary_back(gr, x, Deriv::Unary(u)).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_f32(gr, &vals(&mut rng, n)).unwrap();
+        s.set_f32(x, &vals(&mut rng, n)).unwrap();
+        report(&format!("unary_back {} [{n}]", u.name()), &mut s);
+    }
+    for kind in [
+        NormBackKind::Rms { eps: 1e-6 },
+        NormBackKind::Norm { eps: 1e-5 },
+        NormBackKind::Group {
+            n_groups: 32,
+            eps: 1e-5,
+        },
+    ] {
+        let dims = [4096usize, 64, 32, 1];
+        let mut g = Graph::new();
+        let gr = g.new_f32(&dims).unwrap();
+        let x = g.new_f32(&dims).unwrap();
+        let y = g.norm_back(gr, x, kind).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_f32(gr, &vals(&mut rng, n)).unwrap();
+        s.set_f32(x, &vals(&mut rng, n)).unwrap();
+        report(&format!("norm_back {kind:?} {dims:?}"), &mut s);
+    }
+    let (ne0, rows, nrows) = (1024usize, 8192usize, 4096usize);
+    let mut g = Graph::new();
+    let gr = g.new_f32(&[ne0, rows]).unwrap();
+    let i = g.new_tensor(DType::I32, &[rows]).unwrap();
+    let y = g.get_rows_back(gr, i, [ne0, nrows, 1, 1]).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_f32(gr, &vals(&mut rng, ne0 * rows)).unwrap();
+    let iv: Vec<i32> = (0..rows).map(|_| rng.below(nrows) as i32).collect();
+    s.set_i32(i, &iv).unwrap();
+    report(
+        &format!("get_rows_back [{ne0}, {rows}] into {nrows} rows"),
+        &mut s,
+    );
+}
