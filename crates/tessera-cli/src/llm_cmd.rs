@@ -33,6 +33,12 @@ pub struct ModelArgs {
     /// for token) or `f32` (more precise).
     #[arg(long = "attn-precision", default_value = "ggml")]
     pub attn_precision: String,
+    /// A LoRA adapter (llama.cpp's format, e.g. from `tessera finetune`) to apply.
+    #[arg(long = "lora")]
+    pub lora: Option<PathBuf>,
+    /// Scale of the LoRA adapter.
+    #[arg(long = "lora-scale", default_value_t = 1.0)]
+    pub lora_scale: f32,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -88,7 +94,12 @@ pub fn load(args: &ModelArgs) -> Result<(Arc<Model>, ContextParams), String> {
         Some(p) => p.clone(),
         None => tessera_llm::fetch::default_model()?,
     };
-    let model = Arc::new(Model::load(&path).map_err(err)?);
+    let mut model = Model::load(&path).map_err(err)?;
+    if let Some(lp) = &args.lora {
+        let adapter = tessera_llm::lora::Adapter::load(lp, &model).map_err(err)?;
+        model = model.with_lora(Arc::new(adapter), args.lora_scale);
+    }
+    let model = Arc::new(model);
     let kv_type = match args.cache_type.as_str() {
         "f16" => DType::F16,
         "f32" => DType::F32,

@@ -6,6 +6,7 @@ mod conformance;
 mod llm_cmd;
 mod quant_cmd;
 mod serve_cmd;
+mod finetune_cmd;
 mod train_cmd;
 
 #[global_allocator]
@@ -92,6 +93,10 @@ enum Cmd {
     Train(train_cmd::TrainArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions, streamed or not).
     Serve(serve_cmd::ServeArgs),
+    /// Fine-tune a GGUF model with LoRA adapters on its (quantized, mapped) weights.
+    Finetune(finetune_cmd::FinetuneArgs),
+    /// Merge a LoRA adapter into its base model.
+    ExportLora(finetune_cmd::ExportLoraArgs),
     /// Print a GGUF file's metadata (every key and value) and its tensor table.
     Info {
         /// The GGUF file.
@@ -178,6 +183,8 @@ fn main() -> ExitCode {
             ))
         }
         Cmd::Train(args) => llm(train_cmd::train(&args)),
+        Cmd::Finetune(args) => llm(finetune_cmd::finetune(&args)),
+        Cmd::ExportLora(args) => llm(finetune_cmd::export_lora(&args)),
         Cmd::Serve(args) => llm(serve_cmd::serve(&args)),
         Cmd::Info { file } => match open(&file) {
             Ok(f) => {

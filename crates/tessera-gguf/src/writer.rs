@@ -153,6 +153,24 @@ impl GgufWriter {
         Ok(())
     }
 
+    /// Replaces the type, dimensions and data of tensor `name` (keeping its position), or adds
+    /// it when absent; checked like [`add_tensor`](Self::add_tensor).
+    pub fn replace_tensor(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        ne: &[usize],
+        data: &[u8],
+    ) -> Result<()> {
+        let Some(&i) = self.tensor_index.get(name) else {
+            return self.add_tensor(name, dtype, ne, data);
+        };
+        let mut checked = GgufWriter::new();
+        checked.add_tensor(name, dtype, ne, data)?;
+        self.tensors[i] = checked.tensors.pop().expect("just added");
+        Ok(())
+    }
+
     /// The alignment the file will have: `general.alignment` if set (validated), else 32.
     pub fn alignment(&self) -> Result<usize> {
         match self.get(KEY_ALIGNMENT) {

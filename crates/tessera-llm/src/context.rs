@@ -287,10 +287,7 @@ fn plan(model: &Model, built: BuiltGraph) -> Result<Planned> {
     let mut err = None;
     let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, _| {
         if let Some(name) = weights.remove(&id) {
-            let r = model.tensor(name).map_err(|e| e.to_string()).and_then(|t| {
-                let (bytes, off) = model.tensor_bytes(t);
-                Buffer::external(bytes, off, t.size).map_err(|e| e.to_string())
-            });
+            let r = model.weight_buffer(name).map_err(|e| e.to_string());
             match r {
                 Ok(b) => return Some(b),
                 Err(e) => err = Some(e),

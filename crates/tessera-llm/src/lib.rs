@@ -21,6 +21,7 @@ pub mod context;
 pub mod error;
 pub mod fetch;
 pub mod graph;
+pub mod lora;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -77,7 +77,14 @@ pub enum RopeScaling {
 }
 
 /// The memory-mapped file, shared by every session that binds its weights.
-struct Mapped(Arc<GgufFile>);
+/// A LoRA adapter and its scale, applied by the inference graphs.
+#[derive(Clone)]
+pub struct LoraBinding {
+    pub adapter: Arc<crate::lora::Adapter>,
+    pub scale: f32,
+}
+
+pub(crate) struct Mapped(pub(crate) Arc<GgufFile>);
 
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
@@ -87,6 +94,8 @@ impl AsRef<[u8]> for Mapped {
 
 pub struct Model {
     pub file: Arc<GgufFile>,
+    /// A LoRA adapter applied at inference (see [`Model::with_lora`]).
+    pub lora: Option<LoraBinding>,
     pub arch: Arch,
     pub hp: HParams,
     pub tokenizer: Tokenizer,
@@ -200,6 +209,7 @@ impl Model {
         let bytes: ExternalBytes = Arc::new(Mapped(Arc::clone(&file)));
         let m = Model {
             file,
+            lora: None,
             arch,
             hp,
             tokenizer,
@@ -208,6 +218,29 @@ impl Model {
         };
         m.check_tensors()?;
         Ok(m)
+    }
+
+    /// Applies `adapter` (checked against this model by [`Adapter::load`]) with `scale` to
+    /// every graph built from now on: `y = W·x + scale·(alpha/r)·B·(A·x)` on each adapted
+    /// weight, A and B mapped from the adapter file.
+    ///
+    /// [`Adapter::load`]: crate::lora::Adapter::load
+    pub fn with_lora(mut self, adapter: Arc<crate::lora::Adapter>, scale: f32) -> Model {
+        self.lora = Some(LoraBinding { adapter, scale });
+        self
+    }
+
+    /// The memory of a weight leaf a graph uses: a tensor of the model file or of its LoRA
+    /// adapter, mapped (no copy).
+    pub fn weight_buffer(&self, name: &str) -> Result<tessera::Buffer> {
+        if let Some(lb) = &self.lora {
+            if let Some(b) = lb.adapter.buffer(name) {
+                return Ok(b);
+            }
+        }
+        let t = self.tensor(name)?;
+        let (bytes, off) = self.tensor_bytes(t);
+        tessera::Buffer::external(bytes, off, t.size).map_err(LlmError::from)
     }
 
     /// The tensor `name`, or an error naming it.

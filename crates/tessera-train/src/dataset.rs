@@ -12,6 +12,10 @@ pub enum Inputs {
     F32(Vec<f32>),
 }
 
+/// A class id meaning "no label here": its row is all zeros, so it adds nothing to the loss
+/// (prompt tokens when training on a chat's assistant replies only).
+pub const NO_LABEL: u32 = u32::MAX;
+
 /// What a sample's label is.
 #[derive(Clone, Debug)]
 pub enum Labels {
@@ -52,7 +56,7 @@ impl Dataset {
         let n = n_in / ne_input;
         let n_lab = match &labels {
             Labels::Classes { ids, n_classes } => {
-                if let Some(&bad) = ids.iter().find(|&&c| c as usize >= *n_classes) {
+                if let Some(&bad) = ids.iter().find(|&&c| c != NO_LABEL && c as usize >= *n_classes) {
                     return Err(TrainError::Data(format!(
                         "label {bad} is out of range for {n_classes} classes"
                     )));
@@ -138,7 +142,9 @@ impl Dataset {
                 for &c in &ids[i * self.label_rows..(i + 1) * self.label_rows] {
                     let start = dst.len();
                     dst.resize(start + n_classes, 0.0);
-                    dst[start + c as usize] = 1.0;
+                    if c != NO_LABEL {
+                        dst[start + c as usize] = 1.0;
+                    }
                 }
             }
             Labels::Dense(v) => {

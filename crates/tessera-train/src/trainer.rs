@@ -24,6 +24,10 @@ use crate::TrainError;
 /// Params are leaves marked with `set_param` and a unique name.
 pub type ModelFn<'a> = dyn Fn(&mut Graph, TensorId, usize) -> tessera::Result<TensorId> + 'a;
 
+/// Supplies the memory of leaves that are not params by name: frozen weights mapped from a
+/// GGUF file (no copy), constants such as positions. `None` leaves get zeroed memory.
+pub type LeafProvider = dyn Fn(&str, &tessera::Tensor) -> Option<Buffer>;
+
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     /// Samples per micro-batch.
@@ -114,6 +118,7 @@ pub struct Trainer {
     train: Forward,
     grads: Gradients,
     debug_graph: Graph,
+    leaves: Box<LeafProvider>,
     eval: Forward,
     opt: OptGraph,
     opt_sess: Session,
@@ -173,6 +178,17 @@ fn params_of(g: &Graph) -> Vec<TensorId> {
 impl Trainer {
     /// Plans the three graphs for `model` on samples shaped like `data`'s.
     pub fn new(model: &ModelFn, data: &Dataset, cfg: TrainConfig) -> Result<Trainer, TrainError> {
+        Trainer::with_leaves(model, data, cfg, Box::new(|_, _| None))
+    }
+
+    /// Like [`new`](Trainer::new), with the memory of non-param leaves (frozen weights,
+    /// constants) from `leaves`.
+    pub fn with_leaves(
+        model: &ModelFn,
+        data: &Dataset,
+        cfg: TrainConfig,
+        leaves: Box<LeafProvider>,
+    ) -> Result<Trainer, TrainError> {
         if cfg.batch == 0 || cfg.grad_accum == 0 {
             return Err(TrainError::Config("batch and grad_accum must be at least 1".into()));
         }
@@ -210,7 +226,7 @@ impl Trainer {
         let debug_graph = g.clone();
         let mut outs = vec![correct];
         outs.extend(grads.outputs());
-        let sess = Session::new(g, &outs)?;
+        let sess = Session::with_buffers(g, &outs, &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
         let train = Forward {
             sess,
             input,
@@ -226,7 +242,7 @@ impl Trainer {
             .iter()
             .map(|n| eg.find(n).ok_or_else(|| TrainError::Model(format!("the model built no param '{n}' the second time"))))
             .collect::<Result<Vec<_>, _>>()?;
-        let esess = Session::new(eg, &[eloss, ec])?;
+        let esess = Session::with_buffers(eg, &[eloss, ec], &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
         let eval = Forward {
             sess: esess,
             input: ei,
@@ -251,6 +267,7 @@ impl Trainer {
             train,
             grads,
             debug_graph,
+            leaves,
             eval,
             opt,
             opt_sess,
@@ -621,7 +638,8 @@ impl Trainer {
             let g = self.debug_graph.clone();
             let loss_id = self.train.loss;
             let nodes: Vec<TensorId> = g.nodes_for(&[loss_id]);
-            let mut dbg = Session::new(g, &nodes)?;
+            let leaves = &self.leaves;
+            let mut dbg = Session::with_buffers(g, &nodes, &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
             for i in 0..self.names.len() {
                 let v = self.train.sess.get_bytes(self.train.params[i])?;
                 dbg.set_bytes(self.train.params[i], &v)?;
@@ -632,6 +650,7 @@ impl Trainer {
                 dbg.set_f32(self.train.input, &self.scratch_f)?;
             }
             dbg.set_f32(self.train.labels, &self.scratch_l)?;
+            self.grads.reset(&mut dbg)?;
             dbg.compute(&self.backend)?;
             let stats = |v: &[f32]| -> String {
                 let bad = v.iter().filter(|x| !x.is_finite()).count();
