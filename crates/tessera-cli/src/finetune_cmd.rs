@@ -77,6 +77,10 @@ pub struct ExportLoraArgs {
     pub scale: f32,
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
+    /// Quantize merged weights back to their own type (default: f16, like llama.cpp's
+    /// export-lora).
+    #[arg(long = "keep-type")]
+    pub keep_type: bool,
 }
 
 fn model_path(p: &Option<PathBuf>) -> Result<PathBuf, String> {
@@ -271,6 +275,13 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
         total,
         if a.resume { format!("; resuming at step {}", t.pos.step) } else { String::new() }
     );
+    let (arena, owned, mapped) = t.memory();
+    eprintln!(
+        "tessera finetune: memory: {:.0} MB mapped weights (no copy), {:.1} MB trained params with gradients and moments (and the eval/optimizer graphs' copies), {:.0} MB activations",
+        mapped as f64 / 1e6,
+        owned as f64 / 1e6,
+        arena as f64 / 1e6
+    );
     let slow = t.fallback_ops();
     if !slow.is_empty() {
         let list: Vec<String> = slow.iter().map(|(k, n)| format!("{k}×{n}")).collect();
@@ -281,6 +292,7 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     bar.set_prefix(format!("{}", t.pos.epoch + 1));
     let start = Instant::now();
     let mut rows = 0u64;
+    let mut losses: Vec<f32> = Vec::new();
     let max_steps = a.max_steps;
     let mut save_err = None;
     let out = a.output.clone();
@@ -290,6 +302,7 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
         a.epochs,
         &mut |p: &Progress| {
             rows += (a.batch * a.ctx) as u64;
+            losses.push(p.loss);
             bar.set_position(p.batch as u64);
             bar.set_message(format!("loss {:.3}  lr {:.2e}  {:.0} tok/s", p.loss, p.lr, p.rows_per_s));
             max_steps.is_none_or(|m| p.step < m)
@@ -321,6 +334,15 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     }
     save(&mut t, &model, &what, &a.output)?;
     let secs = start.elapsed().as_secs_f64();
+    if losses.len() >= 4 {
+        let k = (losses.len() / 4).max(1);
+        let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        eprintln!(
+            "tessera finetune: training loss {:.4} over the first {k} batches, {:.4} over the last {k}",
+            mean(&losses[..k]),
+            mean(&losses[losses.len() - k..])
+        );
+    }
     eprintln!(
         "tessera finetune: {} steps in {:.1} s ({:.0} tokens/s); wrote {}",
         t.pos.step,
@@ -337,7 +359,7 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
 pub fn export_lora(a: &ExportLoraArgs) -> Result<(), String> {
     let model = Model::load(&a.model).map_err(|e| e.to_string())?;
     let adapter = lora::Adapter::load(&a.lora, &model).map_err(|e| e.to_string())?;
-    lora::merge(&model, &adapter, a.scale, &a.output).map_err(|e| e.to_string())?;
+    lora::merge(&model, &adapter, a.scale, a.keep_type, &a.output).map_err(|e| e.to_string())?;
     eprintln!(
         "tessera export-lora: merged {} adapted weights into {}",
         adapter.pairs.len(),

@@ -443,9 +443,10 @@ pub fn write_adapter(
 }
 
 /// Merges `adapter` (times `scale`) into the base weights and writes a full model: every
-/// adapted weight becomes `W + scale·(alpha/r)·B·A`, quantized back to its own type when a
-/// quantizer exists (else f16); everything else is copied.
-pub fn merge(model: &Model, adapter: &Adapter, scale: f32, out: &Path) -> Result<()> {
+/// adapted weight becomes `W + scale·(alpha/r)·B·A`, written in f16 like llama.cpp's
+/// export-lora (f32 weights stay f32), or with `keep_type` quantized back to its own type
+/// (smaller, but 4-bit rounding can undo much of a small adapter); everything else is copied.
+pub fn merge(model: &Model, adapter: &Adapter, scale: f32, keep_type: bool, out: &Path) -> Result<()> {
     let mut w = GgufWriter::from_gguf(&model.file).map_err(|e| LlmError::Invalid(e.to_string()))?;
     let read = |name: &str| -> Result<Vec<f32>> {
         let t = adapter
@@ -484,7 +485,7 @@ pub fn merge(model: &Model, adapter: &Adapter, scale: f32, out: &Path) -> Result
                 }
             }
         }
-        let (dtype, bytes) = if t.dtype.is_quantized()
+        let (dtype, bytes) = if keep_type && t.dtype.is_quantized()
             && tessera_quants::can_quantize(t.dtype.id())
             && !tessera_quants::requires_imatrix(t.dtype.id())
         {

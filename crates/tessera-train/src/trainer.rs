@@ -723,6 +723,29 @@ impl Trainer {
         counts
     }
 
+    /// Planned memory in bytes: (activations and gradients: the arenas of the training,
+    /// evaluation and optimizer graphs; params, accumulators and moments: the owned leaves;
+    /// mapped: leaves bound to external memory such as a GGUF file).
+    pub fn memory(&self) -> (usize, usize, usize) {
+        let mut arena = 0;
+        let (mut owned, mut mapped) = (0, 0);
+        for s in [&self.train.sess, &self.eval.sess, &self.opt_sess] {
+            arena += s.plan().arena_size;
+            for i in 0..s.plan().leaves.len() {
+                let b = s.memory().leaf(i);
+                if b.is_external() {
+                    // the same mapping is bound in the training and evaluation sessions
+                    if std::ptr::eq(s, &self.train.sess) {
+                        mapped += b.len();
+                    }
+                } else {
+                    owned += b.len();
+                }
+            }
+        }
+        (arena, owned, mapped)
+    }
+
     /// Runs `backend` instead of the default CPU backend (tests compare backends).
     pub fn backend(&self) -> &dyn Backend {
         &self.backend

@@ -435,12 +435,25 @@ fn repeat_back(ctx: &NodeCtx) -> Result<()> {
         )
     };
     let es = d.dtype.type_size();
-    for r in ctx.share(d.nrows()) {
+    // Few destination rows (a bias gradient is one) would leave threads idle: split each row's
+    // columns too. Every element is still summed in the reference's order, so the result is
+    // the same for any split.
+    let nrows = d.nrows();
+    let chunks = if nrows >= ctx.nth { 1 } else { ctx.nth.div_ceil(nrows).min(n0.div_ceil(64)).max(1) };
+    let width = n0.div_ceil(chunks);
+    let f32_dense = a.dtype == DType::F32 && a.nb[0] == 4;
+    for item in ctx.share(nrows * chunks) {
+        let (r, c) = (item / chunks, item % chunks);
+        let (c0, c1) = (c * width, ((c + 1) * width).min(n0));
+        if c0 >= c1 {
+            continue;
+        }
         let (j1, j2, j3) = (
             r % d.ne[1],
             (r / d.ne[1]) % d.ne[2],
             r / (d.ne[1] * d.ne[2]),
         );
+        let acc = &mut acc[c0..c1];
         acc.fill(0.0);
         // the reference's order: a's dims 3, 2, 1, 0 from the outside in
         for t3 in 0..tiles[3] {
@@ -450,20 +463,30 @@ fn repeat_back(ctx: &NodeCtx) -> Result<()> {
                         + (j2 + t2 * d.ne[2]) * a.nb[2]
                         + (j3 + t3 * d.ne[3]) * a.nb[3];
                     for t0 in 0..tiles[0] {
-                        for (j0, s) in acc.iter_mut().enumerate() {
-                            // SAFETY: element t0*n0 + j0 < a.ne[0] of this source row.
-                            *s += unsafe {
-                                load(a.dtype, ctx.src[0].add(off + (t0 * n0 + j0) * a.nb[0]))
-                            } as f64;
+                        let base = off + (t0 * n0 + c0) * a.nb[0];
+                        if f32_dense {
+                            // SAFETY: elements t0*n0 + c0 .. t0*n0 + c1 of this f32 source row
+                            // are in its span and dense.
+                            let src = unsafe {
+                                std::slice::from_raw_parts(ctx.src[0].add(base) as *const f32, c1 - c0)
+                            };
+                            for (s, &v) in acc.iter_mut().zip(src) {
+                                *s += v as f64;
+                            }
+                        } else {
+                            for (j, s) in acc.iter_mut().enumerate() {
+                                // SAFETY: element t0*n0 + c0 + j < a.ne[0] of this source row.
+                                *s += unsafe { load(a.dtype, ctx.src[0].add(base + j * a.nb[0])) } as f64;
+                            }
                         }
                     }
                 }
             }
         }
-        let dst = ctx.dst.wrapping_add(row_offset(d, r));
-        for (j0, &s) in acc.iter().enumerate() {
-            // SAFETY: the destination row (dense, n0 elements) is this thread's.
-            unsafe { store(d.dtype, dst.add(j0 * es), s as f32) };
+        let dst = ctx.dst.wrapping_add(row_offset(d, r) + c0 * es);
+        for (j, &s) in acc.iter().enumerate() {
+            // SAFETY: columns c0..c1 of the destination row (dense) are this thread's.
+            unsafe { store(d.dtype, dst.add(j * es), s as f32) };
         }
     }
     Ok(())
