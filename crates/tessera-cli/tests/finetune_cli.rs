@@ -111,3 +111,52 @@ fn lora_on_a_quantized_model_learns_a_play() {
     std::fs::remove_dir_all(&dir).ok();
     let _ = PathBuf::new();
 }
+
+/// Full fine-tuning of an f32 model, and training only the token embedding of a model with
+/// Qwen2.5's vocabulary (151936 rows): both run, lower the loss, and write a model that loads.
+#[test]
+fn full_and_embedding_only_fine_tuning_with_a_large_vocabulary() {
+    let dir = match std::env::var_os("TESSERA_VOCAB_DIR") {
+        Some(d) if PathBuf::from(&d).join("ggml-vocab-qwen2.gguf").is_file() => PathBuf::from(d),
+        _ if std::env::var_os("TESSERA_REQUIRE_VOCAB").is_some() => panic!("TESSERA_REQUIRE_VOCAB is set but TESSERA_VOCAB_DIR has no ggml-vocab-qwen2.gguf"),
+        _ => {
+            eprintln!("SKIPPED: needs TESSERA_VOCAB_DIR (llama.cpp's vocab files)");
+            return;
+        }
+    };
+    let vocab = GgufFile::open(dir.join("ggml-vocab-qwen2.gguf")).unwrap();
+    let tmp = std::env::temp_dir().join(format!("tessera-full-ft-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let model = tmp.join("tiny-qwen2.gguf");
+    std::fs::write(&model, tessera_llm::testing::tiny_model("qwen2", &vocab)).unwrap();
+    let text = tmp.join("text.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog. 0123456789! ".repeat(30)).unwrap();
+    let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
+    for (mode, out) in [("--full", "full.gguf"), ("--train-embeddings", "embd.gguf")] {
+        let out = tmp.join(out);
+        let (code, _, err) = tessera(&[
+            "finetune", "-m", m, "--data", t, mode, "-o", out.to_str().unwrap(), "--max-steps", "6", "-b", "2", "-c", "32",
+            "--lr", "1e-2", "--val", "0", "-t", "2", "--quiet",
+        ]);
+        assert_eq!(code, 0, "{mode}: {err}");
+        let line = err.lines().find(|l| l.contains("training loss")).unwrap_or_else(|| panic!("{err}"));
+        let nums: Vec<f64> = line.split_whitespace().filter_map(|w| w.trim_end_matches(',').parse().ok()).collect();
+        assert!(nums[nums.len() - 1] < nums[0], "{mode}: {line}");
+        if mode == "--train-embeddings" {
+            // only the 151936×64 embedding is trained
+            assert!(err.contains("9.72 M trained params"), "{err}");
+        }
+        let f = GgufFile::open(&out).unwrap();
+        assert_eq!(f.tensor("token_embd.weight").unwrap().shape(), &[64, 151936][..]);
+        let (code, stdout, err) = tessera(&["run", "-m", out.to_str().unwrap(), "-p", "The quick", "-n", "4", "--temp", "0"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(stdout.starts_with("The quick"), "{stdout}");
+    }
+    // a quantized model cannot be fully fine-tuned: LoRA is the way
+    if let Some(q) = tessera_llm::fetch::model_for_tests() {
+        let (code, _, err) = tessera(&["finetune", "-m", q.to_str().unwrap(), "--data", t, "--full", "-o", "/tmp/x.gguf", "--quiet"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("--full") && err.contains("LoRA"), "{err}");
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -24,6 +24,8 @@ pub mod graph;
 pub mod lora;
 pub mod model;
 pub mod sampling;
+#[doc(hidden)]
+pub mod testing;
 pub mod tokenizer;
 
 pub use context::{Context, ContextParams};
