@@ -277,7 +277,7 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     );
     let (arena, owned, mapped) = t.memory();
     eprintln!(
-        "tessera finetune: memory: {:.0} MB mapped weights (no copy), {:.1} MB trained params with gradients and moments (and the eval/optimizer graphs' copies), {:.0} MB activations",
+        "tessera finetune: memory: {:.0} MB mapped weights (no copy), {:.0} MB owned (trained params, gradients, moments, the batch's tokens and one-hot labels in the training and evaluation graphs), {:.0} MB activations",
         mapped as f64 / 1e6,
         owned as f64 / 1e6,
         arena as f64 / 1e6

@@ -126,7 +126,8 @@ fn addr(plan: &Plan, regions: &[RawRegion], id: TensorId) -> usize {
 }
 
 /// Time per op with `TESSERA_PROFILE=1`: each node's wall time (its kernel on every thread and
-/// the barrier after it), summed per op and source types over the whole process.
+/// the barrier after it), summed per op and source types over the whole process;
+/// `TESSERA_PROFILE=2` also splits by source shapes (`~` marks a strided source).
 pub mod profile {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
@@ -137,6 +138,10 @@ pub mod profile {
     static ON: OnceLock<bool> = OnceLock::new();
     static TIMES: Mutex<Option<HashMap<String, (Duration, u64)>>> = Mutex::new(None);
 
+    fn detailed() -> bool {
+        std::env::var_os("TESSERA_PROFILE").is_some_and(|v| v == "2")
+    }
+
     pub fn enabled() -> bool {
         *ON.get_or_init(|| std::env::var_os("TESSERA_PROFILE").is_some_and(|v| v != "0"))
     }
@@ -144,7 +149,20 @@ pub mod profile {
     pub(crate) fn record(graph: &Graph, t: &Tensor, d: Duration) {
         let types: Vec<String> = t.src.iter().map(|&s| graph.dtype(s).to_string()).collect();
         let fast = if crate::ops::fast_path(graph, t) { "" } else { " [fallback]" };
-        let key = format!("{}({}){fast}", t.op, types.join(","));
+        let mut key = format!("{}({}){fast}", t.op, types.join(","));
+        if detailed() {
+            // TESSERA_PROFILE=2: the shapes too (and whether a source is strided)
+            let shapes: Vec<String> = t
+                .src
+                .iter()
+                .map(|&s| {
+                    let st = graph.tensor(s);
+                    let mark = if st.is_contiguous() { "" } else { "~" };
+                    format!("{mark}{:?}", &st.ne[..tessera::shape::n_dims(&st.ne).max(2)])
+                })
+                .collect();
+            key += &format!(" {}", shapes.join(" "));
+        }
         let mut m = TIMES.lock().unwrap_or_else(|p| p.into_inner());
         let e = m.get_or_insert_with(HashMap::new).entry(key).or_default();
         e.0 += d;

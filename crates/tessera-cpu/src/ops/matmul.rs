@@ -483,6 +483,21 @@ struct Split {
 }
 
 fn split_work(m: usize, n: usize, batches: usize, nth: usize) -> Split {
+    // A thread packs its rows of a and every column of b it multiplies them with. When b has
+    // more columns than a has rows (training's activations: many tokens, few features) and the
+    // batches do not keep every thread busy, split b's columns instead of a's rows, so that no
+    // two threads pack the same part of the bigger operand. The sums over k are formed in the
+    // same order either way.
+    if batches < nth && n > m {
+        let mchunk = m.next_multiple_of(NR).clamp(NR, MC);
+        let mchunks = m.div_ceil(mchunk);
+        let nsplit = nth.div_ceil(batches * mchunks).min(n.div_ceil(MR)).max(1);
+        return Split {
+            mchunk,
+            mchunks,
+            nsplit,
+        };
+    }
     // rows of a per chunk: at most MC, and small enough that every thread gets one
     let per_thread = m.div_ceil(nth).next_multiple_of(NR);
     let mchunk = per_thread.clamp(NR, MC);
