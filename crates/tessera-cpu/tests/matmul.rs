@@ -39,7 +39,7 @@ fn mul_mat_matches_the_reference() {
 #[test]
 fn mul_mat_with_transposed_operands() {
     let mut rng = Rng::new(12);
-    for (k, m, n) in [(5, 7, 9), (64, 17, 3), (33, 40, 20)] {
+    for (k, m, n) in [(5, 7, 9), (64, 17, 3), (33, 40, 20), (300, 50, 70)] {
         let mut g = Graph::new();
         let at = g.new_f32(&[m, k]).unwrap();
         let a = g.transpose(at).unwrap(); // [k, m] with k strided

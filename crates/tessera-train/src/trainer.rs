@@ -650,7 +650,6 @@ impl Trainer {
                 dbg.set_f32(self.train.input, &self.scratch_f)?;
             }
             dbg.set_f32(self.train.labels, &self.scratch_l)?;
-            self.grads.reset(&mut dbg)?;
             dbg.compute(&self.backend)?;
             let stats = |v: &[f32]| -> String {
                 let bad = v.iter().filter(|x| !x.is_finite()).count();

@@ -557,6 +557,19 @@ fn gemm(
             // pack a[m0..m1, k0..k0+kc] into panels of NR rows, k-major inside a panel
             for (p, mp) in (m0..m1).step_by(NR).enumerate() {
                 let panel = &mut ap[p * NR * kc..(p + 1) * NR * kc];
+                if a.dtype == DType::F32 && a.nb[1] == 4 && mp + NR <= m1 {
+                    // a transposed view (rows adjacent in memory): a panel's NR values of one
+                    // k are contiguous, so copy them instead of gathering each row
+                    for kk in 0..kc {
+                        // SAFETY: elements (mp..mp+NR, k0+kk) of `a` in this batch lie in its
+                        // span (validated); with nb[1] == 4 they are NR consecutive f32.
+                        unsafe {
+                            let src = ctx.src[0].add(a_base + mp * 4 + (k0 + kk) * a.nb[0]) as *const f32;
+                            std::ptr::copy_nonoverlapping(src, panel.as_mut_ptr().add(kk * NR), NR);
+                        }
+                    }
+                    continue;
+                }
                 for r in 0..NR {
                     let im = mp + r;
                     if im < m1 {
@@ -582,6 +595,18 @@ fn gemm(
                 // pack b[n0..n1, k0..k0+kc] into panels of MR columns
                 for (q, nq) in (n0..n1).step_by(MR).enumerate() {
                     let panel = &mut bp[q * MR * kc..(q + 1) * MR * kc];
+                    if b.nb[1] == 4 && nq + MR <= n1 {
+                        // b transposed (columns adjacent): MR consecutive f32 per k
+                        for kk in 0..kc {
+                            // SAFETY: elements (k0+kk, nq..nq+MR) of `b` in this batch lie in
+                            // its span; with nb[1] == 4 they are MR consecutive f32.
+                            unsafe {
+                                let src = bsrc.add(b_base + nq * 4 + (k0 + kk) * b.nb[0]) as *const f32;
+                                std::ptr::copy_nonoverlapping(src, panel.as_mut_ptr().add(kk * MR), MR);
+                            }
+                        }
+                        continue;
+                    }
                     for r in 0..MR {
                         let jn = nq + r;
                         if jn < n1 {
