@@ -123,6 +123,7 @@ impl Engine {
 
     /// Runs until the job channel closes and no work is left.
     pub fn run(mut self, jobs: Receiver<Job>) {
+        self.warm_up();
         let mut open = true;
         loop {
             let busy = !self.queue.is_empty() || self.slots.iter().any(|s| s.active.is_some());
@@ -145,6 +146,19 @@ impl Engine {
             self.step();
             self.publish();
         }
+    }
+
+    /// Plans the graph of decoding one token before the first request, so that it does not
+    /// wait for it; the cache is left empty.
+    fn warm_up(&mut self) {
+        let tok = [self.model.tokenizer.bos().unwrap_or(0)];
+        let entry = SeqTokens {
+            seq: 0,
+            tokens: &tok,
+            logits: true,
+        };
+        let _ = self.ctx.eval(&[entry]);
+        self.ctx.truncate(0, 0);
     }
 
     fn publish(&self) {
