@@ -367,3 +367,43 @@ pub fn export_lora(a: &ExportLoraArgs) -> Result<(), String> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chat records: only the assistant's reply (and its end-of-turn) is a target; the system
+    /// and user turns and the template around them are context only.
+    #[test]
+    fn chat_records_target_the_assistant_tokens_only() {
+        let Some(path) = tessera_llm::fetch::model_for_tests() else { return };
+        let model = Model::load(&path).unwrap();
+        let jsonl = concat!(
+            r#"{"messages":[{"role":"system","content":"Speak like a sailor."},"#,
+            r#"{"role":"user","content":"Who goes there?"},"#,
+            r#"{"role":"assistant","content":"Ahoy, a friend of the crown!"}]}"#,
+            "\n\n",
+            r#"{"messages":[{"role":"user","content":"And the weather?"},"#,
+            r#"{"role":"assistant","content":"Fair winds, matey."}]}"#,
+            "\n"
+        );
+        let (toks, targets) = chat_tokens(&model, jsonl).unwrap();
+        assert_eq!(toks.len(), targets.len());
+        let picked: Vec<u32> = targets.iter().copied().filter(|&t| t != NO_LABEL).collect();
+        let text: String = picked
+            .iter()
+            .map(|&t| String::from_utf8_lossy(&model.tokenizer.decode_token(t)).into_owned())
+            .collect();
+        assert!(text.contains("Ahoy, a friend of the crown!") && text.contains("Fair winds, matey."), "{text}");
+        assert!(!text.contains("Who goes there") && !text.contains("sailor") && !text.contains("weather"), "{text}");
+        // the targets are the very tokens at those positions
+        for (t, g) in toks.iter().zip(&targets) {
+            assert!(*g == NO_LABEL || g == t);
+        }
+        // bad records are named by line
+        let e = chat_tokens(&model, "{\"messages\": 3}\n").unwrap_err();
+        assert!(e.contains("line 1"), "{e}");
+        let e = chat_tokens(&model, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n").unwrap_err();
+        assert!(e.contains("no assistant"), "{e}");
+    }
+}
