@@ -184,3 +184,30 @@ fn bad_setups_are_named() {
     let e = Trainer::new(&none, &data, config(1)).err().unwrap().to_string();
     assert!(e.contains("no param"), "{e}");
 }
+
+#[test]
+fn reset_zeroes_the_moments_and_the_accumulators() {
+    let cfg = tiny();
+    let data = text_data(&cfg);
+    let mut t = trainer(&cfg, &data, TrainConfig { batch: 2, grad_accum: 2, ..config(1) });
+    t.train_batch(&data, &[0, 1]).unwrap();
+    t.train_batch(&data, &[2, 3]).unwrap();
+    t.train_batch(&data, &[4, 5]).unwrap(); // half of the next accumulation
+    assert!(t.get_grad_acc("blk.0.ffn_up.weight").unwrap().iter().any(|&g| g != 0.0));
+    let moments = |t: &mut Trainer| -> Vec<f32> {
+        let w = t.state_writer(false).unwrap();
+        let path = std::env::temp_dir().join(format!("tessera-reset-{}.gguf", std::process::id()));
+        w.write_file(&path).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        let d = f.tensor_data_by_name("opt.m.blk.0.ffn_up.weight").unwrap();
+        let v = d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        std::fs::remove_file(&path).ok();
+        v
+    };
+    // a checkpoint is refused mid-accumulation
+    assert!(t.state_writer(false).is_err());
+    t.reset().unwrap();
+    assert_eq!(t.pos, tessera_train::Position::default());
+    assert!(t.get_grad_acc("blk.0.ffn_up.weight").unwrap().iter().all(|&g| g == 0.0));
+    assert!(moments(&mut t).iter().all(|&m| m == 0.0));
+}
