@@ -61,6 +61,18 @@ fn lora_on_a_quantized_model_learns_a_play() {
     let (first, last) = (nums[0], nums[nums.len() - 1]);
     assert!(last < first, "training loss must fall: {line}");
 
+    // --resume continues from the adapter and its optimizer state (to a copy, so that the
+    // checks below see the 10-step adapter)
+    let resumed = dir.join("resumed.gguf");
+    std::fs::copy(&adapter, &resumed).unwrap();
+    std::fs::copy(dir.join("adapter.gguf.train.gguf"), dir.join("resumed.gguf.train.gguf")).unwrap();
+    let (code, _, err) = tessera(&[
+        "finetune", "-m", m, "--data", tr, "-o", resumed.to_str().unwrap(), "--max-steps", "11", "-b", "2", "-c", "64",
+        "--lr", "3e-3", "--lora-rank", "8", "--targets", "q,v,o,up,down", "-t", "2", "--quiet", "--resume",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("resuming at step 10") && err.contains("11 steps in"), "{err}");
+
     // llama.cpp's adapter format, checked against the base model
     let f = GgufFile::open(&adapter).unwrap();
     assert_eq!(f.get("general.type").and_then(Value::as_str), Some("adapter"));
