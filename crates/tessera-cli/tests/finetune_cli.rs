@@ -144,7 +144,13 @@ fn full_and_embedding_only_fine_tuning_with_a_large_vocabulary() {
     let text = tmp.join("text.txt");
     std::fs::write(&text, "The quick brown fox jumps over the lazy dog. 0123456789! ".repeat(30)).unwrap();
     let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
-    for (mode, out) in [("--full", "full.gguf"), ("--train-embeddings", "embd.gguf")] {
+    // the same model with f16 weights, for full fine-tuning from f16
+    let m16 = tmp.join("tiny-qwen2-f16.gguf");
+    let (code, _, err) = tessera(&["quantize", m, m16.to_str().unwrap(), "F16"]);
+    assert_eq!(code, 0, "{err}");
+    let m16 = m16.to_str().unwrap().to_string();
+    for (mode, out) in [("--full", "full.gguf"), ("--full", "full-from-f16.gguf"), ("--train-embeddings", "embd.gguf")] {
+        let m = if out == "full-from-f16.gguf" { m16.as_str() } else { m };
         let out = tmp.join(out);
         let (code, _, err) = tessera(&[
             "finetune", "-m", m, "--data", t, mode, "-o", out.to_str().unwrap(), "--max-steps", "6", "-b", "2", "-c", "32",
