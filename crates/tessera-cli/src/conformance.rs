@@ -386,7 +386,12 @@ fn grad_bound(op: &str) -> f64 {
 /// Compares our gradients with ggml's `grad<k>` tensors: the inputs with a golden gradient
 /// become params, the loss is `sum(out)` (or `out` when it is a scalar loss), and
 /// `build_backward` makes the gradients.
-fn run_grad_case(file: &GgufFile, case: &str, desc: &str, backend: &dyn Backend) -> Vec<CaseResult> {
+fn run_grad_case(
+    file: &GgufFile,
+    case: &str,
+    desc: &str,
+    backend: &dyn Backend,
+) -> Vec<CaseResult> {
     let op = desc
         .split_whitespace()
         .next()
@@ -473,7 +478,10 @@ fn grad_case_inner(
         // rounding noise on both sides; nmse of noise is meaningless, so compare absolutely.
         let wmax = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let err = if wmax < 1e-5 {
-            let diff = got.iter().zip(&w).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            let diff = got
+                .iter()
+                .zip(&w)
+                .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
             if diff <= 1e-5 {
                 0.0
             } else {

@@ -14,7 +14,9 @@ use tessera_llm::chat::{self, Message};
 use tessera_llm::lora::{self, LoraConfig, Trainable};
 use tessera_llm::Model;
 use tessera_train::dataset::NO_LABEL;
-use tessera_train::{Dataset, EpochStats, Inputs, Labels, Optimizer, Progress, Schedule, TrainConfig, Trainer};
+use tessera_train::{
+    Dataset, EpochStats, Inputs, Labels, Optimizer, Progress, Schedule, TrainConfig, Trainer,
+};
 
 #[derive(Args, Debug, Clone)]
 pub struct FinetuneArgs {
@@ -103,12 +105,19 @@ fn chat_tokens(model: &Model, text: &str) -> Result<(Vec<u32>, Vec<u32>), String
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", ln + 1))?;
-        let msgs = v["messages"].as_array().ok_or(format!("line {}: no \"messages\" array", ln + 1))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("line {}: {e}", ln + 1))?;
+        let msgs = v["messages"]
+            .as_array()
+            .ok_or(format!("line {}: no \"messages\" array", ln + 1))?;
         let mut messages = Vec::new();
         for m in msgs {
-            let role = m["role"].as_str().ok_or(format!("line {}: a message without a role", ln + 1))?;
-            let content = m["content"].as_str().ok_or(format!("line {}: a message without content", ln + 1))?;
+            let role = m["role"]
+                .as_str()
+                .ok_or(format!("line {}: a message without a role", ln + 1))?;
+            let content = m["content"]
+                .as_str()
+                .ok_or(format!("line {}: a message without content", ln + 1))?;
             messages.push(Message::new(role, content));
         }
         let full = chat::apply(model, &messages, false).map_err(|e| e.to_string())?;
@@ -143,7 +152,10 @@ fn chat_tokens(model: &Model, text: &str) -> Result<(Vec<u32>, Vec<u32>), String
 /// Samples of `ctx` tokens; the label of position i is the target at i + 1.
 fn dataset(toks: &[u32], targets: &[u32], ctx: usize, n_vocab: usize) -> Result<Dataset, String> {
     if toks.len() < ctx + 1 {
-        return Err(format!("{} tokens are too few for one sample of {ctx}", toks.len()));
+        return Err(format!(
+            "{} tokens are too few for one sample of {ctx}",
+            toks.len()
+        ));
     }
     let n = (toks.len() - 1) / ctx;
     let mut inp = Vec::with_capacity(n * ctx);
@@ -152,7 +164,16 @@ fn dataset(toks: &[u32], targets: &[u32], ctx: usize, n_vocab: usize) -> Result<
         inp.extend(toks[i * ctx..(i + 1) * ctx].iter().map(|&t| t as i32));
         lab.extend_from_slice(&targets[i * ctx + 1..(i + 1) * ctx + 1]);
     }
-    Dataset::new(Inputs::I32(inp), ctx, Labels::Classes { ids: lab, n_classes: n_vocab }, ctx).map_err(|e| e.to_string())
+    Dataset::new(
+        Inputs::I32(inp),
+        ctx,
+        Labels::Classes {
+            ids: lab,
+            n_classes: n_vocab,
+        },
+        ctx,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn state_path(out: &Path) -> PathBuf {
@@ -168,20 +189,32 @@ fn save(t: &mut Trainer, model: &Model, what: &Trainable, out: &Path) -> Result<
             let mut tensors = Vec::new();
             for (i, n) in names.iter().enumerate() {
                 let ne = t.param_shape(i);
-                tensors.push((n.clone(), ne[..tessera::shape::n_dims(&ne)].to_vec(), t.get_param(n).map_err(|e| e.to_string())?));
+                tensors.push((
+                    n.clone(),
+                    ne[..tessera::shape::n_dims(&ne)].to_vec(),
+                    t.get_param(n).map_err(|e| e.to_string())?,
+                ));
             }
             lora::write_adapter(out, model, cfg.alpha, &tensors).map_err(|e| e.to_string())?;
         }
         _ => {
             // the whole model with the trained weights in f32
-            let mut w = tessera_gguf::GgufWriter::from_gguf(&model.file).map_err(|e| e.to_string())?;
+            let mut w =
+                tessera_gguf::GgufWriter::from_gguf(&model.file).map_err(|e| e.to_string())?;
             for (i, n) in names.iter().enumerate() {
                 let ne = t.param_shape(i);
                 let v = t.get_param(n).map_err(|e| e.to_string())?;
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                w.replace_tensor(n, tessera::DType::F32, &ne[..tessera::shape::n_dims(&ne)], &bytes).map_err(|e| e.to_string())?;
+                w.replace_tensor(
+                    n,
+                    tessera::DType::F32,
+                    &ne[..tessera::shape::n_dims(&ne)],
+                    &bytes,
+                )
+                .map_err(|e| e.to_string())?;
             }
-            w.write_file(out).map_err(|e| format!("{}: {e}", out.display()))?;
+            w.write_file(out)
+                .map_err(|e| format!("{}: {e}", out.display()))?;
         }
     }
     let mut sw = t.state_writer(false).map_err(|e| e.to_string())?;
@@ -192,7 +225,8 @@ fn save(t: &mut Trainer, model: &Model, what: &Trainable, out: &Path) -> Result<
 pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     let path = model_path(&a.model)?;
     let model = Arc::new(Model::load(&path).map_err(|e| e.to_string())?);
-    let text = std::fs::read_to_string(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
+    let text =
+        std::fs::read_to_string(&a.data).map_err(|e| format!("{}: {e}", a.data.display()))?;
     let (toks, targets) = if a.data.extension().is_some_and(|e| e == "jsonl") {
         chat_tokens(&model, &text)?
     } else {
@@ -206,7 +240,14 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
         Trainable::TokenEmbedding
     } else {
         let weights = lora::target_weights(&model, &a.targets).map_err(|e| e.to_string())?;
-        Trainable::Lora { cfg: LoraConfig { rank: a.rank, alpha: a.alpha, targets: a.targets.clone() }, weights }
+        Trainable::Lora {
+            cfg: LoraConfig {
+                rank: a.rank,
+                alpha: a.alpha,
+                targets: a.targets.clone(),
+            },
+            weights,
+        }
     };
     if a.full {
         if let Some(t) = model.file.tensors.iter().find(|t| t.dtype.is_quantized()) {
@@ -218,12 +259,24 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     }
     let n_train = data.len() - tessera_train::dataset::split(data.len(), a.val).1.len();
     let batches = n_train / a.batch.max(1);
-    let total = a.max_steps.unwrap_or((batches / a.grad_accum.max(1)).max(1) as u64 * a.epochs);
+    let total = a
+        .max_steps
+        .unwrap_or((batches / a.grad_accum.max(1)).max(1) as u64 * a.epochs);
     let tc = TrainConfig {
         batch: a.batch,
         grad_accum: a.grad_accum,
-        optimizer: Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
-        schedule: Schedule { lr: a.lr, min_lr: a.lr * 0.1, warmup: (total / 10).min(20), total },
+        optimizer: Optimizer::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        schedule: Schedule {
+            lr: a.lr,
+            min_lr: a.lr * 0.1,
+            warmup: (total / 10).min(20),
+            total,
+        },
         clip: Some(1.0),
         seed: a.seed,
         val_frac: a.val,
@@ -237,12 +290,18 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
         })
     };
     let m3 = Arc::clone(&model);
-    let mut t = Trainer::with_leaves(&build, &data, tc.clone(), Box::new(move |name, tt| lora::leaf_buffer(&m3, name, tt)))
-        .map_err(|e| e.to_string())?;
+    let mut t = Trainer::with_leaves(
+        &build,
+        &data,
+        tc.clone(),
+        Box::new(move |name, tt| lora::leaf_buffer(&m3, name, tt)),
+    )
+    .map_err(|e| e.to_string())?;
     if a.resume {
         let st = GgufFile::open(state_path(&a.output)).map_err(|e| format!("--resume: {e}"))?;
         let params = GgufFile::open(&a.output).map_err(|e| format!("--resume: {e}"))?;
-        t.load_state(&params, Some(&st)).map_err(|e| e.to_string())?;
+        t.load_state(&params, Some(&st))
+            .map_err(|e| e.to_string())?;
     } else {
         for (i, name) in t.param_names().to_vec().iter().enumerate() {
             let v = match &what {
@@ -285,10 +344,22 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
     let slow = t.fallback_ops();
     if !slow.is_empty() {
         let list: Vec<String> = slow.iter().map(|(k, n)| format!("{k}×{n}")).collect();
-        eprintln!("tessera finetune: on the reference fallback (no fast kernel yet): {}", list.join(", "));
+        eprintln!(
+            "tessera finetune: on the reference fallback (no fast kernel yet): {}",
+            list.join(", ")
+        );
     }
-    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(batches as u64) };
-    bar.set_style(ProgressStyle::with_template("epoch {prefix} {bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]").map_err(|e| e.to_string())?);
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(batches as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "epoch {prefix} {bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .map_err(|e| e.to_string())?,
+    );
     bar.set_prefix(format!("{}", t.pos.epoch + 1));
     let start = Instant::now();
     let mut rows = 0u64;
@@ -304,7 +375,10 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
             rows += (a.batch * a.ctx) as u64;
             losses.push(p.loss);
             bar.set_position(p.batch as u64);
-            bar.set_message(format!("loss {:.3}  lr {:.2e}  {:.0} tok/s", p.loss, p.lr, p.rows_per_s));
+            bar.set_message(format!(
+                "loss {:.3}  lr {:.2e}  {:.0} tok/s",
+                p.loss, p.lr, p.rows_per_s
+            ));
             max_steps.is_none_or(|m| p.step < m)
         },
         &mut |e: &EpochStats, tr: &mut Trainer| {
@@ -376,7 +450,9 @@ mod tests {
     /// and user turns and the template around them are context only.
     #[test]
     fn chat_records_target_the_assistant_tokens_only() {
-        let Some(path) = tessera_llm::fetch::model_for_tests() else { return };
+        let Some(path) = tessera_llm::fetch::model_for_tests() else {
+            return;
+        };
         let model = Model::load(&path).unwrap();
         let jsonl = concat!(
             r#"{"messages":[{"role":"system","content":"Speak like a sailor."},"#,
@@ -394,8 +470,16 @@ mod tests {
             .iter()
             .map(|&t| String::from_utf8_lossy(&model.tokenizer.decode_token(t)).into_owned())
             .collect();
-        assert!(text.contains("Ahoy, a friend of the crown!") && text.contains("Fair winds, matey."), "{text}");
-        assert!(!text.contains("Who goes there") && !text.contains("sailor") && !text.contains("weather"), "{text}");
+        assert!(
+            text.contains("Ahoy, a friend of the crown!") && text.contains("Fair winds, matey."),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Who goes there")
+                && !text.contains("sailor")
+                && !text.contains("weather"),
+            "{text}"
+        );
         // the targets are the very tokens at those positions
         for (t, g) in toks.iter().zip(&targets) {
             assert!(*g == NO_LABEL || g == t);
@@ -403,7 +487,11 @@ mod tests {
         // bad records are named by line
         let e = chat_tokens(&model, "{\"messages\": 3}\n").unwrap_err();
         assert!(e.contains("line 1"), "{e}");
-        let e = chat_tokens(&model, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n").unwrap_err();
+        let e = chat_tokens(
+            &model,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n",
+        )
+        .unwrap_err();
         assert!(e.contains("no assistant"), "{e}");
     }
 }

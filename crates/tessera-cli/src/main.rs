@@ -3,10 +3,10 @@
 mod alloc_count;
 mod bench;
 mod conformance;
+mod finetune_cmd;
 mod llm_cmd;
 mod quant_cmd;
 mod serve_cmd;
-mod finetune_cmd;
 mod train_cmd;
 
 #[global_allocator]

@@ -12,7 +12,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Slots: requests decoded together; `-c` is divided among them (as llama-server's -np).
-    #[arg(long = "parallel", short = 'P', visible_alias = "np", default_value_t = 1)]
+    #[arg(
+        long = "parallel",
+        short = 'P',
+        visible_alias = "np",
+        default_value_t = 1
+    )]
     pub parallel: usize,
     /// Require `Authorization: Bearer KEY` on every request.
     #[arg(long = "api-key")]

@@ -117,10 +117,12 @@ fn save(t: &mut Trainer, cfg: &Gpt2Config, out: &Path) -> Result<(), String> {
         let ne = t.param_shape(i);
         let dims = &ne[..tessera::shape::n_dims(&ne)];
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        w.add_tensor(name, tessera::DType::F32, dims, &bytes).map_err(|e| e.to_string())?;
+        w.add_tensor(name, tessera::DType::F32, dims, &bytes)
+            .map_err(|e| e.to_string())?;
     }
     let tmp = out.with_extension("gguf.tmp");
-    w.write_file(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    w.write_file(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, out).map_err(|e| e.to_string())?;
     let st = state_path(out);
     let mut sw = t.state_writer(false).map_err(|e| e.to_string())?;
@@ -132,13 +134,19 @@ fn save(t: &mut Trainer, cfg: &Gpt2Config, out: &Path) -> Result<(), String> {
     ] {
         sw.add_kv(k, Value::U64(v as u64));
     }
-    sw.write_file(&st).map_err(|e| format!("{}: {e}", st.display()))?;
+    sw.write_file(&st)
+        .map_err(|e| format!("{}: {e}", st.display()))?;
     Ok(())
 }
 
 /// The loss curve: the training loss per micro-batch (a moving average) and the validation
 /// loss per epoch, as an SVG.
-fn write_svg(path: &Path, losses: &[f32], epochs: &[EpochStats], batches_per_epoch: usize) -> Result<(), String> {
+fn write_svg(
+    path: &Path,
+    losses: &[f32],
+    epochs: &[EpochStats],
+    batches_per_epoch: usize,
+) -> Result<(), String> {
     let (w, h, m) = (800.0, 400.0, 50.0);
     let smooth: Vec<f64> = {
         let mut out = Vec::with_capacity(losses.len());
@@ -154,7 +162,11 @@ fn write_svg(path: &Path, losses: &[f32], epochs: &[EpochStats], batches_per_epo
         out
     };
     let n = smooth.len().max(2) as f64;
-    let vals: Vec<f64> = smooth.iter().copied().chain(epochs.iter().filter_map(|e| e.val_loss)).collect();
+    let vals: Vec<f64> = smooth
+        .iter()
+        .copied()
+        .chain(epochs.iter().filter_map(|e| e.val_loss))
+        .collect();
     let ymax = vals.iter().copied().fold(0.0f64, f64::max).max(1e-3) * 1.05;
     let ymin = vals.iter().copied().fold(f64::INFINITY, f64::min).min(ymax) * 0.95;
     let x = |i: f64| m + (w - 2.0 * m) * i / (n - 1.0);
@@ -170,13 +182,31 @@ fn write_svg(path: &Path, losses: &[f32], epochs: &[EpochStats], batches_per_epo
         let v = ymin + (ymax - ymin) * k as f64 / 4.0;
         s += &format!("<text x=\"5\" y=\"{:.1}\">{v:.2}</text>\n", y(v) + 4.0);
     }
-    s += &format!("<text x=\"{}\" y=\"{}\">micro-batches ({})</text>\n", w / 2.0 - 40.0, h - 15.0, losses.len());
-    let pts: Vec<String> = smooth.iter().enumerate().map(|(i, v)| format!("{:.1},{:.1}", x(i as f64), y(*v))).collect();
-    s += &format!("<polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{}\"/>\n", pts.join(" "));
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\">micro-batches ({})</text>\n",
+        w / 2.0 - 40.0,
+        h - 15.0,
+        losses.len()
+    );
+    let pts: Vec<String> = smooth
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("{:.1},{:.1}", x(i as f64), y(*v)))
+        .collect();
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        pts.join(" ")
+    );
     for (k, e) in epochs.iter().enumerate() {
         if let Some(v) = e.val_loss {
-            let xi = ((k + 1) * batches_per_epoch).min(losses.len()).saturating_sub(1) as f64;
-            s += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"crimson\"/>\n", x(xi), y(v));
+            let xi = ((k + 1) * batches_per_epoch)
+                .min(losses.len())
+                .saturating_sub(1) as f64;
+            s += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"crimson\"/>\n",
+                x(xi),
+                y(v)
+            );
         }
     }
     s += "</svg>\n";
@@ -201,9 +231,16 @@ pub fn train(a: &TrainArgs) -> Result<(), String> {
     };
     let state_file = state_path(&a.output);
     let resume = if a.resume {
-        let m = GgufFile::open(&a.output).map_err(|e| format!("--resume: {}: {e}", a.output.display()))?;
-        let st = GgufFile::open(&state_file).map_err(|e| format!("--resume: {}: {e}", state_file.display()))?;
-        let u = |k: &str| st.get(k).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or(format!("{}: no {k}", state_file.display()));
+        let m = GgufFile::open(&a.output)
+            .map_err(|e| format!("--resume: {}: {e}", a.output.display()))?;
+        let st = GgufFile::open(&state_file)
+            .map_err(|e| format!("--resume: {}: {e}", state_file.display()))?;
+        let u = |k: &str| {
+            st.get(k)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or(format!("{}: no {k}", state_file.display()))
+        };
         cfg.n_ctx = u("training.gpt2.n_ctx")?;
         cfg.n_embd = u("training.gpt2.n_embd")?;
         cfg.n_head = u("training.gpt2.n_head")?;
@@ -222,11 +259,23 @@ pub fn train(a: &TrainArgs) -> Result<(), String> {
         batch: a.batch,
         grad_accum: a.grad_accum,
         optimizer: if a.sgd {
-            Optimizer::Sgd { weight_decay: a.weight_decay }
+            Optimizer::Sgd {
+                weight_decay: a.weight_decay,
+            }
         } else {
-            Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: a.weight_decay }
+            Optimizer::AdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: a.weight_decay,
+            }
         },
-        schedule: Schedule { lr: a.lr, min_lr: a.min_lr, warmup: a.warmup.min(total / 2), total },
+        schedule: Schedule {
+            lr: a.lr,
+            min_lr: a.min_lr,
+            warmup: a.warmup.min(total / 2),
+            total,
+        },
         clip: (a.clip > 0.0).then_some(a.clip),
         seed: a.seed,
         val_frac: a.val,
@@ -264,12 +313,21 @@ pub fn train(a: &TrainArgs) -> Result<(), String> {
     let slow = t.fallback_ops();
     if !slow.is_empty() {
         let list: Vec<String> = slow.iter().map(|(k, n)| format!("{k}×{n}")).collect();
-        eprintln!("tessera train: on the reference fallback (no fast kernel yet): {}", list.join(", "));
+        eprintln!(
+            "tessera train: on the reference fallback (no fast kernel yet): {}",
+            list.join(", ")
+        );
     }
-    let bar = if a.quiet { ProgressBar::hidden() } else { ProgressBar::new(batches as u64) };
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(batches as u64)
+    };
     bar.set_style(
-        ProgressStyle::with_template("epoch {prefix} {bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]")
-            .map_err(|e| e.to_string())?,
+        ProgressStyle::with_template(
+            "epoch {prefix} {bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .map_err(|e| e.to_string())?,
     );
     bar.set_prefix(format!("{}", t.pos.epoch + 1));
     bar.set_position(t.pos.batch as u64);
@@ -327,7 +385,10 @@ pub fn train(a: &TrainArgs) -> Result<(), String> {
     if tessera_cpu::exec::profile::enabled() {
         eprint!("{}", tessera_cpu::exec::profile::report());
     }
-    let plot = a.plot.clone().unwrap_or_else(|| a.output.with_extension("svg"));
+    let plot = a
+        .plot
+        .clone()
+        .unwrap_or_else(|| a.output.with_extension("svg"));
     write_svg(&plot, &losses, &stats, batches)?;
     eprintln!(
         "tessera train: {} steps in {:.1} s ({:.0} tokens/s); model {} (state {}), loss curve {}\n  try: tessera run -m {} -p \"ROMEO:\" --temp 0.8",

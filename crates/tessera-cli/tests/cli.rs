@@ -52,9 +52,18 @@ fn conformance_ops_passes_every_golden_case() {
     // 112 cases on two backends (reference and cpu), plus ggml's 32 grad* tensors compared on
     // both backends
     assert_eq!(last, "288 passed, 0 failed", "{out}\n{err}");
-    for grad in ["mul_mat.grad1", "rms_norm.grad0", "soft_max.grad0", "cross_entropy_loss.grad0", "get_rows.grad0", "rope_ext.grad0"] {
+    for grad in [
+        "mul_mat.grad1",
+        "rms_norm.grad0",
+        "soft_max.grad0",
+        "cross_entropy_loss.grad0",
+        "get_rows.grad0",
+        "rope_ext.grad0",
+    ] {
         assert_eq!(
-            out.lines().filter(|l| l.contains(grad) && l.contains("PASS")).count(),
+            out.lines()
+                .filter(|l| l.contains(grad) && l.contains("PASS"))
+                .count(),
             2,
             "{grad} must be compared and pass on both backends:\n{out}"
         );

@@ -148,7 +148,11 @@ pub mod profile {
 
     pub(crate) fn record(graph: &Graph, t: &Tensor, d: Duration) {
         let types: Vec<String> = t.src.iter().map(|&s| graph.dtype(s).to_string()).collect();
-        let fast = if crate::ops::fast_path(graph, t) { "" } else { " [fallback]" };
+        let fast = if crate::ops::fast_path(graph, t) {
+            ""
+        } else {
+            " [fallback]"
+        };
         let mut key = format!("{}({}){fast}", t.op, types.join(","));
         if detailed() {
             // TESSERA_PROFILE=2: the shapes too (and whether a source is strided)
@@ -158,7 +162,10 @@ pub mod profile {
                 .map(|&s| {
                     let st = graph.tensor(s);
                     let mark = if st.is_contiguous() { "" } else { "~" };
-                    format!("{mark}{:?}", &st.ne[..tessera::shape::n_dims(&st.ne).max(2)])
+                    format!(
+                        "{mark}{:?}",
+                        &st.ne[..tessera::shape::n_dims(&st.ne).max(2)]
+                    )
                 })
                 .collect();
             key += &format!(" {}", shapes.join(" "));
@@ -172,11 +179,16 @@ pub mod profile {
     /// The table of time per op, most expensive first (empty when profiling is off).
     pub fn report() -> String {
         let m = TIMES.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(m) = m.as_ref() else { return String::new() };
+        let Some(m) = m.as_ref() else {
+            return String::new();
+        };
         let total: Duration = m.values().map(|v| v.0).sum();
         let mut v: Vec<_> = m.iter().collect();
         v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
-        let mut s = format!("{:<48} {:>10} {:>8} {:>6}\n", "op(source types)", "ms", "nodes", "%");
+        let mut s = format!(
+            "{:<48} {:>10} {:>8} {:>6}\n",
+            "op(source types)", "ms", "nodes", "%"
+        );
         for (k, (d, n)) in v {
             s += &format!(
                 "{:<48} {:>10.1} {:>8} {:>6.1}\n",

@@ -87,7 +87,9 @@ fn values(rng: &mut Rng, i: &In) -> Vec<f32> {
                 })
                 .collect()
         }
-        Init::F16Exact => (0..n).map(|_| (rng.below(65) as f32 - 32.0) / 16.0).collect(),
+        Init::F16Exact => (0..n)
+            .map(|_| (rng.below(65) as f32 - 32.0) / 16.0)
+            .collect(),
     }
 }
 
@@ -146,7 +148,10 @@ fn gradcheck(
     f: &dyn Fn(&mut Graph, &[TensorId]) -> Result<TensorId>,
 ) {
     let b = build(ins, f).unwrap_or_else(|e| panic!("{what}: building failed: {e}"));
-    let mut rng = Rng::new(what.bytes().fold(7u64, |a, x| a.wrapping_mul(31).wrapping_add(x as u64)));
+    let mut rng = Rng::new(
+        what.bytes()
+            .fold(7u64, |a, x| a.wrapping_mul(31).wrapping_add(x as u64)),
+    );
     let vals: Vec<Vec<f32>> = ins.iter().map(|i| values(&mut rng, i)).collect();
     let rn = b.g.tensor(b.r).nelements();
     let rv: Vec<f32> = (0..rn).map(|_| rng.uniform(-1.0, 1.0)).collect();
@@ -236,7 +241,12 @@ fn check(what: &str, ins: &[In], f: &dyn Fn(&mut Graph, &[TensorId]) -> Result<T
 }
 
 fn random_shape(rng: &mut Rng) -> [usize; 4] {
-    [1 + rng.below(6), 1 + rng.below(4), 1 + rng.below(3), 1 + rng.below(2)]
+    [
+        1 + rng.below(6),
+        1 + rng.below(4),
+        1 + rng.below(3),
+        1 + rng.below(2),
+    ]
 }
 
 #[test]
@@ -248,19 +258,31 @@ fn binary_ops_with_broadcasting() {
         let bshape: Vec<usize> = if round == 0 {
             a.to_vec()
         } else {
-            a.iter().map(|&d| if rng.below(2) == 0 { 1 } else { d }).collect()
+            a.iter()
+                .map(|&d| if rng.below(2) == 0 { 1 } else { d })
+                .collect()
         };
         let what = |op: &str| format!("{op} a{a:?} b{bshape:?}");
-        check(&what("add"), &[p(&a), p(&bshape)], &|g, x| g.add(x[0], x[1]));
-        check(&what("sub"), &[p(&a), p(&bshape)], &|g, x| g.sub(x[0], x[1]));
-        check(&what("mul"), &[p(&a), p(&bshape)], &|g, x| g.mul(x[0], x[1]));
+        check(&what("add"), &[p(&a), p(&bshape)], &|g, x| {
+            g.add(x[0], x[1])
+        });
+        check(&what("sub"), &[p(&a), p(&bshape)], &|g, x| {
+            g.sub(x[0], x[1])
+        });
+        check(&what("mul"), &[p(&a), p(&bshape)], &|g, x| {
+            g.mul(x[0], x[1])
+        });
         let pos = with(p(&bshape), Init::Rand(0.5, 2.0, &[]));
         check(&what("div"), &[p(&a), pos], &|g, x| g.div(x[0], x[1]));
     }
     check("add1", &[p(&[4, 3]), p(&[1])], &|g, x| g.add1(x[0], x[1]));
     // acc / set into a region: b [2, 2] at row 1, column 1 of a [4, 3]
-    check("acc", &[p(&[4, 3]), p(&[2, 2])], &|g, x| g.acc(x[0], x[1], 16, 32, 32, 20));
-    check("set", &[p(&[4, 3]), p(&[2, 2])], &|g, x| g.set(x[0], x[1], 16, 32, 32, 20));
+    check("acc", &[p(&[4, 3]), p(&[2, 2])], &|g, x| {
+        g.acc(x[0], x[1], 16, 32, 32, 20)
+    });
+    check("set", &[p(&[4, 3]), p(&[2, 2])], &|g, x| {
+        g.set(x[0], x[1], 16, 32, 32, 20)
+    });
 }
 
 #[test]
@@ -278,10 +300,16 @@ fn unary_ops() {
             U::Abs | U::Relu | U::Elu => Init::Rand(-1.0, 1.0, &[0.0]),
             _ => Init::Rand(-2.0, 2.0, &[]),
         };
-        check(&format!("{} {ne:?}", u.name()), &[with(p(&ne), init)], &|g, x| g.unary(x[0], u));
+        check(
+            &format!("{} {ne:?}", u.name()),
+            &[with(p(&ne), init)],
+            &|g, x| g.unary(x[0], u),
+        );
     }
     check("scale", &[p(&[5, 3])], &|g, x| g.scale(x[0], -1.5));
-    check("scale_bias", &[p(&[5, 3])], &|g, x| g.scale_bias(x[0], 0.7, 2.0));
+    check("scale_bias", &[p(&[5, 3])], &|g, x| {
+        g.scale_bias(x[0], 0.7, 2.0)
+    });
     let kinked = with(p(&[6, 4]), Init::Rand(-1.0, 1.0, &[0.0]));
     check("leaky_relu", &[kinked], &|g, x| g.leaky_relu(x[0], 0.1));
     let kinked = with(p(&[6, 4]), Init::Rand(-1.0, 1.0, &[-0.5, 0.5]));
@@ -298,14 +326,18 @@ fn glu_forms() {
     for kind in GluKind::ALL {
         for swapped in [false, true] {
             let init = with(p(&[8, 3, 2]), Init::Rand(-1.0, 1.0, &[0.0]));
-            check(&format!("{} fused swapped={swapped}", kind.name()), &[init], &|g, x| {
-                g.glu(x[0], kind, swapped)
-            });
+            check(
+                &format!("{} fused swapped={swapped}", kind.name()),
+                &[init],
+                &|g, x| g.glu(x[0], kind, swapped),
+            );
         }
         let a = with(p(&[5, 3]), Init::Rand(-1.0, 1.0, &[0.0]));
-        check(&format!("{} split", kind.name()), &[a, p(&[5, 3])], &|g, x| {
-            g.glu_split(x[0], x[1], kind)
-        });
+        check(
+            &format!("{} split", kind.name()),
+            &[a, p(&[5, 3])],
+            &|g, x| g.glu_split(x[0], x[1], kind),
+        );
     }
 }
 
@@ -315,7 +347,9 @@ fn reductions_and_tilings() {
     check("sum_rows", &[p(&[4, 3, 2])], &|g, x| g.sum_rows(x[0]));
     check("mean", &[p(&[5, 3])], &|g, x| g.mean(x[0]));
     check("cumsum", &[p(&[6, 3])], &|g, x| g.cumsum(x[0]));
-    check("repeat", &[p(&[3, 1, 2])], &|g, x| g.repeat_to(x[0], &[6, 2, 2, 2]));
+    check("repeat", &[p(&[3, 1, 2])], &|g, x| {
+        g.repeat_to(x[0], &[6, 2, 2, 2])
+    });
     check("repeat_back", &[p(&[6, 2, 2])], &|g, x| {
         let t = g.new_f32(&[3, 1, 2])?;
         g.repeat_back(x[0], t)
@@ -323,9 +357,11 @@ fn reductions_and_tilings() {
     for dim in 0..4 {
         let mut bne = [3, 2, 2, 2];
         bne[dim] = 1;
-        check(&format!("concat dim {dim}"), &[p(&[3, 2, 2, 2]), p(&bne)], &|g, x| {
-            g.concat(x[0], x[1], dim)
-        });
+        check(
+            &format!("concat dim {dim}"),
+            &[p(&[3, 2, 2, 2]), p(&bne)],
+            &|g, x| g.concat(x[0], x[1], dim),
+        );
     }
 }
 
@@ -361,7 +397,9 @@ fn normalisations() {
     check("norm", &[p(&[7, 3])], &|g, x| g.norm(x[0], 1e-5));
     check("rms_norm", &[p(&[7, 3])], &|g, x| g.rms_norm(x[0], 1e-6));
     check("l2_norm", &[p(&[7, 3])], &|g, x| g.l2_norm(x[0], 1e-12));
-    check("group_norm", &[p(&[3, 2, 6, 2])], &|g, x| g.group_norm(x[0], 3, 1e-5));
+    check("group_norm", &[p(&[3, 2, 6, 2])], &|g, x| {
+        g.group_norm(x[0], 3, 1e-5)
+    });
     check("rms_norm of a transposed input", &[p(&[3, 7])], &|g, x| {
         let t = g.transpose(x[0])?;
         let c = g.cont(t)?;
@@ -373,17 +411,23 @@ fn normalisations() {
 fn softmax_and_masks() {
     check("soft_max", &[p(&[6, 3, 2])], &|g, x| g.soft_max(x[0]));
     // scale and an f32 mask broadcast over dim 2; the mask gets its gradient too
-    check("soft_max_ext scale+mask", &[p(&[6, 3, 2]), p(&[6, 3])], &|g, x| {
-        g.soft_max_ext(x[0], Some(x[1]), 0.7, 0.0)
-    });
-    check("soft_max_ext ALiBi (f16 mask)", &[p(&[6, 3, 4]), typed(c(&[6, 3]), DType::F16)], &|g, x| {
-        g.soft_max_ext(x[0], Some(x[1]), 0.5, 8.0)
-    });
+    check(
+        "soft_max_ext scale+mask",
+        &[p(&[6, 3, 2]), p(&[6, 3])],
+        &|g, x| g.soft_max_ext(x[0], Some(x[1]), 0.7, 0.0),
+    );
+    check(
+        "soft_max_ext ALiBi (f16 mask)",
+        &[p(&[6, 3, 4]), typed(c(&[6, 3]), DType::F16)],
+        &|g, x| g.soft_max_ext(x[0], Some(x[1]), 0.5, 8.0),
+    );
     check("diag_mask_inf + soft_max", &[p(&[5, 5, 2])], &|g, x| {
         let m = g.diag_mask_inf(x[0], 0)?;
         g.soft_max(m)
     });
-    check("diag_mask_zero", &[p(&[5, 4])], &|g, x| g.diag_mask_zero(x[0], 1));
+    check("diag_mask_zero", &[p(&[5, 4])], &|g, x| {
+        g.diag_mask_zero(x[0], 1)
+    });
 }
 
 #[test]
@@ -392,50 +436,78 @@ fn rope_variants() {
     check("rope normal", &[p(&[8, 2, 5]), pos.clone()], &|g, x| {
         g.rope_ext(x[0], x[1], None, RopeParams::new(8, 0))
     });
-    check("rope neox, partial dims", &[p(&[8, 2, 5]), pos.clone()], &|g, x| {
-        g.rope_ext(x[0], x[1], None, RopeParams::new(4, 2))
-    });
-    check("rope YaRN + freq factors", &[p(&[8, 2, 5]), pos, with(c(&[4]), Init::Rand(1.0, 3.0, &[]))], &|g, x| {
-        let mut rp = RopeParams::new(8, 2);
-        rp.n_ctx_orig = 32;
-        rp.freq_scale = 0.25;
-        rp.ext_factor = 1.0;
-        rp.attn_factor = 1.3;
-        rp.beta_fast = 32.0;
-        rp.beta_slow = 1.0;
-        g.rope_ext(x[0], x[1], Some(x[2]), rp)
-    });
+    check(
+        "rope neox, partial dims",
+        &[p(&[8, 2, 5]), pos.clone()],
+        &|g, x| g.rope_ext(x[0], x[1], None, RopeParams::new(4, 2)),
+    );
+    check(
+        "rope YaRN + freq factors",
+        &[p(&[8, 2, 5]), pos, with(c(&[4]), Init::Rand(1.0, 3.0, &[]))],
+        &|g, x| {
+            let mut rp = RopeParams::new(8, 2);
+            rp.n_ctx_orig = 32;
+            rp.freq_scale = 0.25;
+            rp.ext_factor = 1.0;
+            rp.attn_factor = 1.3;
+            rp.beta_fast = 32.0;
+            rp.beta_slow = 1.0;
+            g.rope_ext(x[0], x[1], Some(x[2]), rp)
+        },
+    );
 }
 
 #[test]
 fn get_rows_any_count() {
     // more rows gathered than the source has, so indices repeat and gradients add up
-    check("get_rows", &[p(&[4, 5]), idx(&[9], 5)], &|g, x| g.get_rows(x[0], x[1]));
-    check("get_rows batched", &[p(&[3, 4, 2]), idx(&[6, 2], 4)], &|g, x| g.get_rows(x[0], x[1]));
+    check("get_rows", &[p(&[4, 5]), idx(&[9], 5)], &|g, x| {
+        g.get_rows(x[0], x[1])
+    });
+    check(
+        "get_rows batched",
+        &[p(&[3, 4, 2]), idx(&[6, 2], 4)],
+        &|g, x| g.get_rows(x[0], x[1]),
+    );
 }
 
 #[test]
 fn matrix_products() {
-    check("mul_mat", &[p(&[5, 3]), p(&[5, 4])], &|g, x| g.mul_mat(x[0], x[1]));
-    check("mul_mat broadcast over batches", &[p(&[5, 3, 1, 2]), p(&[5, 4, 3, 2])], &|g, x| {
+    check("mul_mat", &[p(&[5, 3]), p(&[5, 4])], &|g, x| {
         g.mul_mat(x[0], x[1])
     });
-    check("mul_mat broadcast, grouped batches", &[p(&[5, 3, 2, 2]), p(&[5, 4, 4, 6])], &|g, x| {
-        g.mul_mat(x[0], x[1])
+    check(
+        "mul_mat broadcast over batches",
+        &[p(&[5, 3, 1, 2]), p(&[5, 4, 3, 2])],
+        &|g, x| g.mul_mat(x[0], x[1]),
+    );
+    check(
+        "mul_mat broadcast, grouped batches",
+        &[p(&[5, 3, 2, 2]), p(&[5, 4, 4, 6])],
+        &|g, x| g.mul_mat(x[0], x[1]),
+    );
+    check(
+        "mul_mat of a transposed b",
+        &[p(&[4, 3]), p(&[6, 4])],
+        &|g, x| {
+            let t = g.transpose(x[1])?;
+            let b = g.cont(t)?;
+            g.mul_mat(x[0], b)
+        },
+    );
+    check("out_prod", &[p(&[3, 5]), p(&[4, 5])], &|g, x| {
+        g.out_prod(x[0], x[1])
     });
-    check("mul_mat of a transposed b", &[p(&[4, 3]), p(&[6, 4])], &|g, x| {
-        let t = g.transpose(x[1])?;
-        let b = g.cont(t)?;
-        g.mul_mat(x[0], b)
-    });
-    check("out_prod", &[p(&[3, 5]), p(&[4, 5])], &|g, x| g.out_prod(x[0], x[1]));
     // f16 and bf16 weights: the activation gradient (exact up to the operand rounding the
     // forward op does, which the finite difference sees: looser bound)
     for dt in [DType::F16, DType::BF16] {
         // the forward op rounds b to the weight's type: a step far above that rounding
-        gradcheck(&format!("mul_mat {dt} a"), &[typed(c(&[8, 3]), dt), p(&[8, 4])], 0.25, 2e-2, &|g, x| {
-            g.mul_mat(x[0], x[1])
-        });
+        gradcheck(
+            &format!("mul_mat {dt} a"),
+            &[typed(c(&[8, 3]), dt), p(&[8, 4])],
+            0.25,
+            2e-2,
+            &|g, x| g.mul_mat(x[0], x[1]),
+        );
     }
 }
 
@@ -464,7 +536,8 @@ fn mul_mat_quantized_weight_activation_gradient() {
             for i in 0..g.len() as u32 {
                 let t = g.tensor(TensorId(i));
                 assert!(
-                    !(t.src.first() == Some(&wt) && matches!(t.op, tessera::Op::Cont | tessera::Op::Transpose)),
+                    !(t.src.first() == Some(&wt)
+                        && matches!(t.op, tessera::Op::Cont | tessera::Op::Transpose)),
                     "{dt}: no copy or transpose of the weight may be built"
                 );
             }
@@ -481,7 +554,10 @@ fn mul_mat_quantized_weight_activation_gradient() {
         let (gq, deq) = run(dt, &w);
         let (gf, _) = run(DType::F32, &deq);
         for (a, b) in gq.iter().zip(&gf) {
-            assert!((a - b).abs() < 1e-5, "{dt} weight: {a} vs its dequantized f32 weight {b}");
+            assert!(
+                (a - b).abs() < 1e-5,
+                "{dt} weight: {a} vs its dequantized f32 weight {b}"
+            );
         }
     }
 }
@@ -493,19 +569,25 @@ fn attention() {
     let k = p(&[8, 5, 2, 1]);
     let v = p(&[8, 5, 2, 1]);
     let mask = typed(with(c(&[5, 3]), Init::Rand(-1.0, 0.0, &[])), DType::F16);
-    check("flash_attn_ext", &[q.clone(), k.clone(), v.clone(), mask.clone()], &|g, x| {
-        g.flash_attn_ext(x[0], x[1], x[2], Some(x[3]), 0.35, 0.0, 0.0)
-    });
-    check("flash_attn_ext softcap + ALiBi", &[q, k, v, mask], &|g, x| {
-        g.flash_attn_ext(x[0], x[1], x[2], Some(x[3]), 0.35, 4.0, 2.0)
-    });
+    check(
+        "flash_attn_ext",
+        &[q.clone(), k.clone(), v.clone(), mask.clone()],
+        &|g, x| g.flash_attn_ext(x[0], x[1], x[2], Some(x[3]), 0.35, 0.0, 0.0),
+    );
+    check(
+        "flash_attn_ext softcap + ALiBi",
+        &[q, k, v, mask],
+        &|g, x| g.flash_attn_ext(x[0], x[1], x[2], Some(x[3]), 0.35, 4.0, 2.0),
+    );
 }
 
 #[test]
 fn cross_entropy() {
-    check("cross_entropy_loss", &[p(&[7, 4]), with(p(&[7, 4]), Init::Probs)], &|g, x| {
-        g.cross_entropy_loss(x[0], x[1])
-    });
+    check(
+        "cross_entropy_loss",
+        &[p(&[7, 4]), with(p(&[7, 4]), Init::Probs)],
+        &|g, x| g.cross_entropy_loss(x[0], x[1]),
+    );
 }
 
 #[test]
@@ -514,14 +596,22 @@ fn convolution_pooling_padding_upscaling() {
     // and a step that keeps them exact make the finite difference exact
     let k = with(p(&[3, 2, 2, 3]), Init::F16Exact);
     let x = with(p(&[5, 4, 2, 2]), Init::F16Exact);
-    gradcheck("conv_2d", &[k, x], 1.0 / 16.0, 1e-3, &|g, x| g.conv_2d(x[0], x[1], 2, 1, 1, 0, 1, 2));
+    gradcheck("conv_2d", &[k, x], 1.0 / 16.0, 1e-3, &|g, x| {
+        g.conv_2d(x[0], x[1], 2, 1, 1, 0, 1, 2)
+    });
     check("im2col", &[c(&[3, 2, 2, 3]), p(&[5, 4, 2, 2])], &|g, x| {
         g.im2col(x[0], x[1], 1, 2, 1, 1, 1, 1, true, DType::F32)
     });
-    check("pool_2d avg", &[p(&[6, 5, 2])], &|g, x| g.pool_2d(x[0], PoolKind::Avg, 2, 2, 2, 1, 1, 0));
-    check("pool_2d max", &[p(&[6, 5, 2])], &|g, x| g.pool_2d(x[0], PoolKind::Max, 2, 2, 2, 2, 0, 0));
+    check("pool_2d avg", &[p(&[6, 5, 2])], &|g, x| {
+        g.pool_2d(x[0], PoolKind::Avg, 2, 2, 2, 1, 1, 0)
+    });
+    check("pool_2d max", &[p(&[6, 5, 2])], &|g, x| {
+        g.pool_2d(x[0], PoolKind::Max, 2, 2, 2, 2, 0, 0)
+    });
     check("pad", &[p(&[3, 2, 2])], &|g, x| g.pad(x[0], 2, 1, 0, 1));
-    check("upscale nearest", &[p(&[3, 2, 2])], &|g, x| g.upscale(x[0], 2));
+    check("upscale nearest", &[p(&[3, 2, 2])], &|g, x| {
+        g.upscale(x[0], 2)
+    });
     check("upscale bilinear", &[p(&[3, 2, 2])], &|g, x| {
         g.upscale_ext(x[0], 7, 5, 2, 1, UpscaleMode::Bilinear)
     });
@@ -536,7 +626,10 @@ fn non_differentiable_ops_are_refused() {
     let l = g.sum(s).unwrap();
     g.set_loss(l).unwrap();
     let err = g.build_backward(false).unwrap_err();
-    assert!(matches!(err, Error::NotDifferentiable { op: "step", .. }), "{err}");
+    assert!(
+        matches!(err, Error::NotDifferentiable { op: "step", .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("step"), "{err}");
 
     // argmax feeds an index: the gradient cannot pass through it
@@ -552,14 +645,21 @@ fn non_differentiable_ops_are_refused() {
     let gr = g.build_backward(false).unwrap();
     // b gets a gradient; a, reachable only through argmax's integer output, gets zeros
     let mut sess = Session::new(g, &gr.outputs()).unwrap();
-    sess.set_f32(a, &[0.0, 5.0, 1.0, 2.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 7.0]).unwrap();
+    sess.set_f32(
+        a,
+        &[0.0, 5.0, 1.0, 2.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 7.0],
+    )
+    .unwrap();
     gr.reset(&mut sess).unwrap();
     sess.compute(&CpuBackend::new(1)).unwrap();
     let ia = gr.params.iter().position(|&x| x == a).unwrap();
     let ib = gr.params.iter().position(|&x| x == b).unwrap();
     assert_eq!(sess.get_f32(gr.grads[ia]).unwrap(), vec![0.0; 12]);
     // rows 1, 0, 3 of b gathered once each
-    assert_eq!(sess.get_f32(gr.grads[ib]).unwrap(), vec![1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]);
+    assert_eq!(
+        sess.get_f32(gr.grads[ib]).unwrap(),
+        vec![1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    );
 }
 
 #[test]

@@ -94,7 +94,11 @@ impl Builder<'_> {
             if let Some((an, bn, r)) = lb.adapter.pairs.get(w) {
                 let s = lb.scale * lb.adapter.alpha / *r as f32;
                 let mut leaf = |g: &mut Graph, name: &str| -> Result<TensorId> {
-                    let t = lb.adapter.file.tensor(name).ok_or_else(|| crate::LlmError::MissingTensor(name.into()))?;
+                    let t = lb
+                        .adapter
+                        .file
+                        .tensor(name)
+                        .ok_or_else(|| crate::LlmError::MissingTensor(name.into()))?;
                     let id = g.new_tensor(t.dtype, t.shape())?;
                     g.set_name(id, name);
                     self.weights.push((id, name.to_string()));

@@ -95,7 +95,6 @@ pub enum Trainable {
     TokenEmbedding,
 }
 
-
 struct TrainBuilder<'a> {
     m: &'a Model,
     what: &'a Trainable,
@@ -446,7 +445,13 @@ pub fn write_adapter(
 /// adapted weight becomes `W + scale·(alpha/r)·B·A`, written in f16 like llama.cpp's
 /// export-lora (f32 weights stay f32), or with `keep_type` quantized back to its own type
 /// (smaller, but 4-bit rounding can undo much of a small adapter); everything else is copied.
-pub fn merge(model: &Model, adapter: &Adapter, scale: f32, keep_type: bool, out: &Path) -> Result<()> {
+pub fn merge(
+    model: &Model,
+    adapter: &Adapter,
+    scale: f32,
+    keep_type: bool,
+    out: &Path,
+) -> Result<()> {
     let mut w = GgufWriter::from_gguf(&model.file).map_err(|e| LlmError::Invalid(e.to_string()))?;
     let read = |name: &str| -> Result<Vec<f32>> {
         let t = adapter
@@ -485,7 +490,8 @@ pub fn merge(model: &Model, adapter: &Adapter, scale: f32, keep_type: bool, out:
                 }
             }
         }
-        let (dtype, bytes) = if keep_type && t.dtype.is_quantized()
+        let (dtype, bytes) = if keep_type
+            && t.dtype.is_quantized()
             && tessera_quants::can_quantize(t.dtype.id())
             && !tessera_quants::requires_imatrix(t.dtype.id())
         {

@@ -120,4 +120,3 @@ pub fn tiny_model(arch: &str, vocab: &GgufFile) -> Vec<u8> {
     }
     w.to_bytes().unwrap()
 }
-

@@ -56,7 +56,10 @@ impl Dataset {
         let n = n_in / ne_input;
         let n_lab = match &labels {
             Labels::Classes { ids, n_classes } => {
-                if let Some(&bad) = ids.iter().find(|&&c| c != NO_LABEL && c as usize >= *n_classes) {
+                if let Some(&bad) = ids
+                    .iter()
+                    .find(|&&c| c != NO_LABEL && c as usize >= *n_classes)
+                {
                     return Err(TrainError::Data(format!(
                         "label {bad} is out of range for {n_classes} classes"
                     )));
@@ -159,14 +162,19 @@ impl Dataset {
 /// (in order) are held out.
 pub fn split(n: usize, val_frac: f32) -> (Vec<usize>, Vec<usize>) {
     let n_val = ((n as f64) * val_frac.clamp(0.0, 0.9) as f64).round() as usize;
-    let n_val = if val_frac > 0.0 { n_val.max(1).min(n.saturating_sub(1)) } else { 0 };
+    let n_val = if val_frac > 0.0 {
+        n_val.max(1).min(n.saturating_sub(1))
+    } else {
+        0
+    };
     ((0..n - n_val).collect(), (n - n_val..n).collect())
 }
 
 /// A permutation of `idx` determined by `(seed, epoch)` (Fisher–Yates with xorshift64*).
 pub fn shuffled(idx: &[usize], seed: u64, epoch: u64) -> Vec<usize> {
     let mut v = idx.to_vec();
-    let mut s = (seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut s =
+        (seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
     let mut next = || {
         s ^= s >> 12;
         s ^= s << 25;
@@ -209,7 +217,10 @@ mod tests {
         let e = Dataset::new(
             Inputs::I32(vec![0; 4]),
             2,
-            Labels::Classes { ids: vec![0, 5], n_classes: 3 },
+            Labels::Classes {
+                ids: vec![0, 5],
+                n_classes: 3,
+            },
             1,
         );
         assert!(e.unwrap_err().to_string().contains("out of range"));

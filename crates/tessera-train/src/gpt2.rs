@@ -73,7 +73,10 @@ impl Gpt2Config {
     }
 
     pub fn n_params(&self) -> usize {
-        self.params().iter().map(|(_, s)| s.iter().product::<usize>()).sum()
+        self.params()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
     }
 
     /// GPT-2's initialisation: weights and embeddings normal(0, 0.02), the residual
@@ -91,7 +94,9 @@ impl Gpt2Config {
                 } else if name.contains("norm.weight") {
                     vec![1.0; n]
                 } else {
-                    let std = if name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight") {
+                    let std = if name.ends_with("attn_output.weight")
+                        || name.ends_with("ffn_down.weight")
+                    {
                         resid
                     } else {
                         0.02
@@ -132,11 +137,12 @@ impl Gpt2Config {
         let pos = g.view(pos_all, &[e, t], &[e * 4], 0)?;
         let x3 = g.add(tok3, pos)?;
         let mut x = g.reshape(x3, &[e, n_tok])?;
-        let layer_norm = |g: &mut Graph, x: TensorId, wn: TensorId, bn: TensorId| -> Result<TensorId> {
-            let n = g.norm(x, NORM_EPS)?;
-            let m = g.mul(n, wn)?;
-            g.add(m, bn)
-        };
+        let layer_norm =
+            |g: &mut Graph, x: TensorId, wn: TensorId, bn: TensorId| -> Result<TensorId> {
+                let n = g.norm(x, NORM_EPS)?;
+                let m = g.mul(n, wn)?;
+                g.add(m, bn)
+            };
         let scale = 1.0 / (hd as f32).sqrt();
         for l in 0..self.n_layer {
             let p = |n: &str| format!("blk.{l}.{n}");
@@ -144,7 +150,8 @@ impl Gpt2Config {
             let qkv0 = g.mul_mat(wt(&p("attn_qkv.weight")), hn)?;
             let qkv = g.add(qkv0, wt(&p("attn_qkv.bias")))?; // [3E, T·B]
             let nb = [hd * 4, 3 * e * 4, 3 * e * 4 * t];
-            let head = |g: &mut Graph, which: usize| g.view(qkv, &[hd, h, t, batch], &nb, which * e * 4);
+            let head =
+                |g: &mut Graph, which: usize| g.view(qkv, &[hd, h, t, batch], &nb, which * e * 4);
             let q = head(g, 0)?;
             let k = head(g, 1)?;
             let v = head(g, 2)?;
@@ -198,10 +205,19 @@ impl Gpt2Config {
             .collect();
         w.add_kv(
             "tokenizer.ggml.tokens",
-            Value::Array(ValueType::String, tokens.into_iter().map(Value::String).collect()),
+            Value::Array(
+                ValueType::String,
+                tokens.into_iter().map(Value::String).collect(),
+            ),
         );
-        w.add_kv("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
-        w.add_kv("tokenizer.ggml.merges", Value::Array(ValueType::String, Vec::new()));
+        w.add_kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types),
+        );
+        w.add_kv(
+            "tokenizer.ggml.merges",
+            Value::Array(ValueType::String, Vec::new()),
+        );
         w.add_kv("tokenizer.ggml.bos_token_id", Value::U32(EOT));
         w.add_kv("tokenizer.ggml.eos_token_id", Value::U32(EOT));
         w.add_kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
@@ -213,7 +229,8 @@ impl Gpt2Config {
 /// byte-to-unicode table (so a BPE tokenizer without merges maps each byte to its own id),
 /// then `<|endoftext|>`.
 pub fn byte_tokens() -> Vec<String> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut extra = 0;
     let mut v: Vec<String> = (0..256u32)
         .map(|b| {
@@ -296,13 +313,25 @@ mod tests {
 
     #[test]
     fn init_is_deterministic_with_the_right_statistics() {
-        let c = Gpt2Config { n_vocab: 257, n_ctx: 16, n_embd: 32, n_head: 4, n_layer: 2 };
+        let c = Gpt2Config {
+            n_vocab: 257,
+            n_ctx: 16,
+            n_embd: 32,
+            n_head: 4,
+            n_layer: 2,
+        };
         let a = c.init(1);
         assert_eq!(a, c.init(1));
         assert_eq!(a.len(), 2 + 12 * 2 + 2);
         let emb = &a[0].1;
         let std = (emb.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / emb.len() as f64).sqrt();
         assert!((std - 0.02).abs() < 0.002, "{std}");
-        assert!(a.iter().find(|(n, _)| n == "blk.0.attn_norm.weight").unwrap().1.iter().all(|&v| v == 1.0));
+        assert!(a
+            .iter()
+            .find(|(n, _)| n == "blk.0.attn_norm.weight")
+            .unwrap()
+            .1
+            .iter()
+            .all(|&v| v == 1.0));
     }
 }

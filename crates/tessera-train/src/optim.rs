@@ -76,7 +76,11 @@ pub struct OptGraph {
 }
 
 /// Builds the optimizer graph for params of these names and shapes.
-pub fn build_opt_graph(shapes: &[(String, Ne)], opt: Optimizer, clip: Option<f32>) -> Result<OptGraph> {
+pub fn build_opt_graph(
+    shapes: &[(String, Ne)],
+    opt: Optimizer,
+    clip: Option<f32>,
+) -> Result<OptGraph> {
     let mut g = Graph::new();
     let mut params = Vec::new();
     let mut accs = Vec::new();
@@ -203,7 +207,11 @@ impl Schedule {
             return self.lr * t as f32 / self.warmup as f32;
         }
         if self.total <= self.warmup || t >= self.total {
-            return if self.total > self.warmup { self.min_lr } else { self.lr };
+            return if self.total > self.warmup {
+                self.min_lr
+            } else {
+                self.lr
+            };
         }
         let progress = (t - self.warmup) as f64 / (self.total - self.warmup) as f64;
         let c = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
@@ -238,6 +246,9 @@ mod tests {
         assert_eq!(h.len(), 7);
         assert!((h[5] - 10.0).abs() < 1e-4); // 1/(1-0.9)
         assert!((h[6] - 1000.0).abs() < 1e-1); // 1/(1-0.999)
-        assert_eq!(Optimizer::Sgd { weight_decay: 0.1 }.hyper(0.5, 3), vec![0.5, 0.1]);
+        assert_eq!(
+            Optimizer::Sgd { weight_decay: 0.1 }.hyper(0.5, 3),
+            vec![0.5, 0.1]
+        );
     }
 }

@@ -190,35 +190,58 @@ impl Trainer {
         leaves: Box<LeafProvider>,
     ) -> Result<Trainer, TrainError> {
         if cfg.batch == 0 || cfg.grad_accum == 0 {
-            return Err(TrainError::Config("batch and grad_accum must be at least 1".into()));
+            return Err(TrainError::Config(
+                "batch and grad_accum must be at least 1".into(),
+            ));
         }
         let input_type = match data.inputs {
             crate::dataset::Inputs::I32(_) => DType::I32,
             crate::dataset::Inputs::F32(_) => DType::F32,
         };
-        let (ne_input, label_width, label_rows) = (data.ne_input, data.label_width(), data.label_rows);
-        let (mut g, input, labels, loss, correct) =
-            build_forward(model, input_type, ne_input, label_width, label_rows, cfg.batch)?;
+        let (ne_input, label_width, label_rows) =
+            (data.ne_input, data.label_width(), data.label_rows);
+        let (mut g, input, labels, loss, correct) = build_forward(
+            model,
+            input_type,
+            ne_input,
+            label_width,
+            label_rows,
+            cfg.batch,
+        )?;
         let all = params_of(&g);
         if all.is_empty() {
-            return Err(TrainError::Model("the model has no param (set_param)".into()));
+            return Err(TrainError::Model(
+                "the model has no param (set_param)".into(),
+            ));
         }
         let grads = g.build_backward(true)?;
         // build_backward lists the params in the order the loss reaches them
         let params = grads.params.clone();
         if params.len() != all.len() {
-            let unused: Vec<&str> = all.iter().filter(|p| !params.contains(p)).map(|&p| g.name(p)).collect();
-            return Err(TrainError::Model(format!("params that do not affect the loss: {}", unused.join(", "))));
+            let unused: Vec<&str> = all
+                .iter()
+                .filter(|p| !params.contains(p))
+                .map(|&p| g.name(p))
+                .collect();
+            return Err(TrainError::Model(format!(
+                "params that do not affect the loss: {}",
+                unused.join(", ")
+            )));
         }
         let mut names = Vec::new();
         let mut shapes = Vec::new();
         for &p in &params {
             let name = g.name(p).to_string();
             if name.is_empty() || names.contains(&name) {
-                return Err(TrainError::Model(format!("param {p} needs a unique name, has '{name}'")));
+                return Err(TrainError::Model(format!(
+                    "param {p} needs a unique name, has '{name}'"
+                )));
             }
             if g.dtype(p) != DType::F32 {
-                return Err(TrainError::Model(format!("param '{name}' is {}; trained params are f32", g.dtype(p))));
+                return Err(TrainError::Model(format!(
+                    "param '{name}' is {}; trained params are f32",
+                    g.dtype(p)
+                )));
             }
             names.push(name);
             shapes.push(g.ne(p));
@@ -226,7 +249,13 @@ impl Trainer {
         let debug_graph = g.clone();
         let mut outs = vec![correct];
         outs.extend(grads.outputs());
-        let sess = Session::with_buffers(g, &outs, &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
+        let sess = Session::with_buffers(g, &outs, &mut |_, t| {
+            if t.flags.param {
+                None
+            } else {
+                leaves(&t.name, t)
+            }
+        })?;
         let train = Forward {
             sess,
             input,
@@ -236,13 +265,29 @@ impl Trainer {
             params: params.clone(),
         };
 
-        let (eg, ei, el, eloss, ec) =
-            build_forward(model, input_type, ne_input, label_width, label_rows, cfg.batch)?;
+        let (eg, ei, el, eloss, ec) = build_forward(
+            model,
+            input_type,
+            ne_input,
+            label_width,
+            label_rows,
+            cfg.batch,
+        )?;
         let eparams = names
             .iter()
-            .map(|n| eg.find(n).ok_or_else(|| TrainError::Model(format!("the model built no param '{n}' the second time"))))
+            .map(|n| {
+                eg.find(n).ok_or_else(|| {
+                    TrainError::Model(format!("the model built no param '{n}' the second time"))
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let esess = Session::with_buffers(eg, &[eloss, ec], &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
+        let esess = Session::with_buffers(eg, &[eloss, ec], &mut |_, t| {
+            if t.flags.param {
+                None
+            } else {
+                leaves(&t.name, t)
+            }
+        })?;
         let eval = Forward {
             sess: esess,
             input: ei,
@@ -335,7 +380,11 @@ impl Trainer {
     }
 
     fn set_batch(&mut self, eval: bool) -> Result<(), TrainError> {
-        let f = if eval { &mut self.eval } else { &mut self.train };
+        let f = if eval {
+            &mut self.eval
+        } else {
+            &mut self.train
+        };
         if self.input_type == DType::I32 {
             f.sess.set_i32(f.input, &self.scratch_i)?;
         } else {
@@ -346,7 +395,10 @@ impl Trainer {
     }
 
     fn check_batch(&self, data: &Dataset) -> Result<(), TrainError> {
-        if data.ne_input != self.ne_input || data.label_width() != self.label_width || data.label_rows != self.label_rows {
+        if data.ne_input != self.ne_input
+            || data.label_width() != self.label_width
+            || data.label_rows != self.label_rows
+        {
             return Err(TrainError::Data(format!(
                 "samples of {} inputs and {}×{} labels; the trainer was planned for {} and {}×{}",
                 data.ne_input,
@@ -363,10 +415,18 @@ impl Trainer {
     /// One micro-batch forward and backward (gradients added into the accumulators); runs the
     /// optimizer after every `grad_accum` micro-batches. Returns the batch's loss and correct
     /// predictions.
-    pub fn train_batch(&mut self, data: &Dataset, samples: &[usize]) -> Result<(f32, u64), TrainError> {
+    pub fn train_batch(
+        &mut self,
+        data: &Dataset,
+        samples: &[usize],
+    ) -> Result<(f32, u64), TrainError> {
         self.check_batch(data)?;
         if samples.len() != self.cfg.batch {
-            return Err(TrainError::Data(format!("a batch holds {} samples, got {}", self.cfg.batch, samples.len())));
+            return Err(TrainError::Data(format!(
+                "a batch holds {} samples, got {}",
+                self.cfg.batch,
+                samples.len()
+            )));
         }
         self.fill_batch(data, samples);
         self.set_batch(false)?;
@@ -385,7 +445,10 @@ impl Trainer {
 
     fn move_params(&mut self, to_opt: bool) -> Result<(), TrainError> {
         for i in 0..self.names.len() {
-            let pairs = [(self.train.params[i], self.opt.params[i]), (self.grads.accs[i], self.opt.accs[i])];
+            let pairs = [
+                (self.train.params[i], self.opt.params[i]),
+                (self.grads.accs[i], self.opt.accs[i]),
+            ];
             for (a, b) in pairs {
                 if to_opt {
                     let buf = self.train.sess.take_buffer(a)?;
@@ -404,8 +467,10 @@ impl Trainer {
         let lr = self.cfg.schedule.at(t);
         self.move_params(true)?;
         let res = (|| -> Result<f32, TrainError> {
-            self.opt_sess.set_f32(self.opt.hyper, &self.cfg.optimizer.hyper(lr, t))?;
-            self.opt_sess.set_f32(self.opt.inv_n, &[1.0 / self.micro as f32])?;
+            self.opt_sess
+                .set_f32(self.opt.hyper, &self.cfg.optimizer.hyper(lr, t))?;
+            self.opt_sess
+                .set_f32(self.opt.inv_n, &[1.0 / self.micro as f32])?;
             self.opt_sess.compute(&self.backend)?;
             Ok(self.opt_sess.get_f32(self.opt.grad_norm)?[0])
         })();
@@ -420,7 +485,11 @@ impl Trainer {
     }
 
     /// Loss and correct predictions of one batch without training.
-    pub fn eval_batch(&mut self, data: &Dataset, samples: &[usize]) -> Result<(f32, u64), TrainError> {
+    pub fn eval_batch(
+        &mut self,
+        data: &Dataset,
+        samples: &[usize],
+    ) -> Result<(f32, u64), TrainError> {
         self.check_batch(data)?;
         self.fill_batch(data, samples);
         self.set_batch(true)?;
@@ -440,7 +509,11 @@ impl Trainer {
     }
 
     /// Mean loss and accuracy over `samples` (whole batches; a last partial batch is left out).
-    pub fn evaluate(&mut self, data: &Dataset, samples: &[usize]) -> Result<Option<(f64, f64)>, TrainError> {
+    pub fn evaluate(
+        &mut self,
+        data: &Dataset,
+        samples: &[usize],
+    ) -> Result<Option<(f64, f64)>, TrainError> {
         let b = self.cfg.batch;
         let n = samples.len() / b;
         if n == 0 {
@@ -505,8 +578,16 @@ impl Trainer {
             let val = self.evaluate(data, &val_idx)?;
             let st = EpochStats {
                 epoch: self.pos.epoch,
-                train_loss: if nb > 0 { loss_sum / nb as f64 } else { f64::NAN },
-                train_acc: if rows > 0 { correct as f64 / rows as f64 } else { f64::NAN },
+                train_loss: if nb > 0 {
+                    loss_sum / nb as f64
+                } else {
+                    f64::NAN
+                },
+                train_acc: if rows > 0 {
+                    correct as f64 / rows as f64
+                } else {
+                    f64::NAN
+                },
                 val_loss: val.map(|v| v.0),
                 val_acc: val.map(|v| v.1),
                 rows,
@@ -529,7 +610,8 @@ impl Trainer {
     pub fn state_writer(&mut self, with_params: bool) -> Result<GgufWriter, TrainError> {
         if self.micro != 0 {
             return Err(TrainError::Config(
-                "a checkpoint is taken between optimizer steps (gradients are being accumulated)".into(),
+                "a checkpoint is taken between optimizer steps (gradients are being accumulated)"
+                    .into(),
             ));
         }
         let mut w = GgufWriter::new();
@@ -537,7 +619,10 @@ impl Trainer {
         w.add_kv("training.epoch", Value::U64(self.pos.epoch));
         w.add_kv("training.batch", Value::U64(self.pos.batch as u64));
         w.add_kv("training.seed", Value::U64(self.cfg.seed));
-        w.add_kv("training.optimizer", Value::String(self.cfg.optimizer.name().into()));
+        w.add_kv(
+            "training.optimizer",
+            Value::String(self.cfg.optimizer.name().into()),
+        );
         for i in 0..self.names.len() {
             let ne = self.shapes[i];
             let dims = &ne[..tessera::shape::n_dims(&ne)];
@@ -557,7 +642,11 @@ impl Trainer {
 
     /// Restores params from `params` (a file with tensors named like the params) and the
     /// optimizer state and position from `state` (written by [`state_writer`]).
-    pub fn load_state(&mut self, params: &GgufFile, state: Option<&GgufFile>) -> Result<(), TrainError> {
+    pub fn load_state(
+        &mut self,
+        params: &GgufFile,
+        state: Option<&GgufFile>,
+    ) -> Result<(), TrainError> {
         let mut by_name: HashMap<&str, usize> = HashMap::new();
         for (i, n) in self.names.iter().enumerate() {
             by_name.insert(n.as_str(), i);
@@ -576,7 +665,9 @@ impl Trainer {
                     &want[..tessera::shape::n_dims(&want)]
                 )));
             }
-            self.train.sess.set_bytes(self.train.params[i], params.tensor_data(t))?;
+            self.train
+                .sess
+                .set_bytes(self.train.params[i], params.tensor_data(t))?;
         }
         if let Some(st) = state {
             let get = |k: &str| -> Result<u64, TrainError> {
@@ -584,7 +675,10 @@ impl Trainer {
                     .and_then(|v| v.as_u64())
                     .ok_or_else(|| TrainError::Checkpoint(format!("key {k} is missing")))
             };
-            let opt_name = st.get("training.optimizer").and_then(|v| v.as_str()).unwrap_or("");
+            let opt_name = st
+                .get("training.optimizer")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
             if opt_name != self.cfg.optimizer.name() {
                 return Err(TrainError::Checkpoint(format!(
                     "the checkpoint was trained with {opt_name}, this run uses {}",
@@ -601,9 +695,9 @@ impl Trainer {
                 for i in 0..self.names.len() {
                     for (key, id) in [("m", self.opt.m[i]), ("v", self.opt.v[i])] {
                         let name = format!("opt.{key}.{}", self.names[i]);
-                        let t = st
-                            .tensor(&name)
-                            .ok_or_else(|| TrainError::Checkpoint(format!("'{name}' is missing")))?;
+                        let t = st.tensor(&name).ok_or_else(|| {
+                            TrainError::Checkpoint(format!("'{name}' is missing"))
+                        })?;
                         self.opt_sess.set_bytes(id, st.tensor_data(t))?;
                     }
                 }
@@ -639,7 +733,13 @@ impl Trainer {
             let loss_id = self.train.loss;
             let nodes: Vec<TensorId> = g.nodes_for(&[loss_id]);
             let leaves = &self.leaves;
-            let mut dbg = Session::with_buffers(g, &nodes, &mut |_, t| if t.flags.param { None } else { leaves(&t.name, t) })?;
+            let mut dbg = Session::with_buffers(g, &nodes, &mut |_, t| {
+                if t.flags.param {
+                    None
+                } else {
+                    leaves(&t.name, t)
+                }
+            })?;
             for i in 0..self.names.len() {
                 let v = self.train.sess.get_bytes(self.train.params[i])?;
                 dbg.set_bytes(self.train.params[i], &v)?;
@@ -654,9 +754,16 @@ impl Trainer {
             let stats = |v: &[f32]| -> String {
                 let bad = v.iter().filter(|x| !x.is_finite()).count();
                 let fin: Vec<f32> = v.iter().copied().filter(|x| x.is_finite()).collect();
-                let (mn, mx) = fin.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                let (mn, mx) = fin
+                    .iter()
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                        (a.min(x), b.max(x))
+                    });
                 let mean = fin.iter().map(|&x| x as f64).sum::<f64>() / fin.len().max(1) as f64;
-                format!("min {mn:.4e} max {mx:.4e} mean {mean:.4e}, {bad} non-finite of {}", v.len())
+                format!(
+                    "min {mn:.4e} max {mx:.4e} mean {mean:.4e}, {bad} non-finite of {}",
+                    v.len()
+                )
             };
             let gr = dbg.graph().clone();
             // a NaN is always wrong; an infinity is what masks are made of, so the first
@@ -666,32 +773,46 @@ impl Trainer {
                 !matches!(op, Op::DiagMaskInf { .. }) && v.iter().any(|x| x.is_infinite())
             };
             for pass in [&nan_pass as &dyn Fn(&[f32], &Op) -> bool, &inf_pass] {
-            for &id in &nodes {
-                let t = gr.tensor(id);
-                if t.op == Op::Leaf || t.dtype != DType::F32 {
-                    continue;
-                }
-                let v = dbg.get_f32(id)?;
-                if pass(&v, &t.op) {
-                    let mut s = format!(
-                        "first node with a {}: {id} '{}' = {}({}) {}: {}\n",
-                        if v.iter().any(|x| x.is_nan()) { "NaN" } else { "non-finite value" },
-                        t.name,
-                        t.op,
-                        t.src.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
-                        t.describe(),
-                        stats(&v)
-                    );
-                    for &src in &t.src {
-                        let st = gr.tensor(src);
-                        if st.dtype == DType::F32 {
-                            let sv = dbg.get_f32(src)?;
-                            s += &format!("  input {src} '{}' ({}) {}: {}\n", st.name, st.op, st.describe(), stats(&sv));
-                        }
+                for &id in &nodes {
+                    let t = gr.tensor(id);
+                    if t.op == Op::Leaf || t.dtype != DType::F32 {
+                        continue;
                     }
-                    return Ok(s);
+                    let v = dbg.get_f32(id)?;
+                    if pass(&v, &t.op) {
+                        let mut s = format!(
+                            "first node with a {}: {id} '{}' = {}({}) {}: {}\n",
+                            if v.iter().any(|x| x.is_nan()) {
+                                "NaN"
+                            } else {
+                                "non-finite value"
+                            },
+                            t.name,
+                            t.op,
+                            t.src
+                                .iter()
+                                .map(|s| s.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            t.describe(),
+                            stats(&v)
+                        );
+                        for &src in &t.src {
+                            let st = gr.tensor(src);
+                            if st.dtype == DType::F32 {
+                                let sv = dbg.get_f32(src)?;
+                                s += &format!(
+                                    "  input {src} '{}' ({}) {}: {}\n",
+                                    st.name,
+                                    st.op,
+                                    st.describe(),
+                                    stats(&sv)
+                                );
+                            }
+                        }
+                        return Ok(s);
+                    }
                 }
-            }
             }
             Ok("no node was non-finite when the batch was run again".into())
         })();

@@ -16,23 +16,43 @@ struct Fixture {
 impl Fixture {
     fn load() -> Fixture {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
-        let meta: Json = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/gpt2_tiny.json")).unwrap()).unwrap();
+        let meta: Json = serde_json::from_str(
+            &std::fs::read_to_string(format!("{dir}/gpt2_tiny.json")).unwrap(),
+        )
+        .unwrap();
         let raw = std::fs::read(format!("{dir}/gpt2_tiny.bin")).unwrap();
-        let bin = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let bin = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         Fixture { meta, bin }
     }
     fn array(&self, key: &str) -> &[f32] {
         let a = &self.meta["arrays"][key];
-        let (o, n) = (a["offset"].as_u64().unwrap() as usize, a["len"].as_u64().unwrap() as usize);
+        let (o, n) = (
+            a["offset"].as_u64().unwrap() as usize,
+            a["len"].as_u64().unwrap() as usize,
+        );
         &self.bin[o..o + n]
     }
     fn config(&self) -> Gpt2Config {
         let c = &self.meta["config"];
         let u = |k: &str| c[k].as_u64().unwrap() as usize;
-        Gpt2Config { n_vocab: u("n_vocab"), n_ctx: u("n_ctx"), n_embd: u("n_embd"), n_head: u("n_head"), n_layer: u("n_layer") }
+        Gpt2Config {
+            n_vocab: u("n_vocab"),
+            n_ctx: u("n_ctx"),
+            n_embd: u("n_embd"),
+            n_head: u("n_head"),
+            n_layer: u("n_layer"),
+        }
     }
     fn tokens(&self) -> Vec<u32> {
-        self.meta["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        self.meta["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
     }
 }
 
@@ -52,12 +72,16 @@ fn init(cfg: &Gpt2Config) -> Vec<(String, Vec<f32>)> {
                     } else if name2.contains("norm.weight") {
                         1.0 + ((i * 13 + j) % 11 - 5) as f64 / 100.0
                     } else {
-                        let std = if name2.ends_with("attn_output.weight") || name2.ends_with("ffn_down.weight") {
+                        let std = if name2.ends_with("attn_output.weight")
+                            || name2.ends_with("ffn_down.weight")
+                        {
                             0.02 / (2.0 * l).sqrt()
                         } else {
                             0.02
                         };
-                        ((i * 7919 + j * 104729 + 12345) % 2001 - 1000) as f64 / 1000.0 * std * 3f64.sqrt()
+                        ((i * 7919 + j * 104729 + 12345) % 2001 - 1000) as f64 / 1000.0
+                            * std
+                            * 3f64.sqrt()
                     };
                     x as f32
                 })
@@ -81,7 +105,10 @@ fn logits_loss_and_every_gradient_match_pytorch() {
     let fx = Fixture::load();
     let cfg = fx.config();
     let toks = fx.tokens();
-    let (b, t) = (fx.meta["config"]["batch"].as_u64().unwrap() as usize, cfg.n_ctx);
+    let (b, t) = (
+        fx.meta["config"]["batch"].as_u64().unwrap() as usize,
+        cfg.n_ctx,
+    );
     let mut g = Graph::new();
     let input = g.new_tensor(DType::I32, &[t, b]).unwrap();
     let logits = cfg.build(&mut g, input, b).unwrap();
@@ -92,13 +119,19 @@ fn logits_loss_and_every_gradient_match_pytorch() {
     let grads = g.build_backward(false).unwrap();
     let mut outs = grads.outputs();
     outs.push(logits);
-    let names: Vec<String> = grads.params.iter().map(|&p| g.name(p).to_string()).collect();
+    let names: Vec<String> = grads
+        .params
+        .iter()
+        .map(|&p| g.name(p).to_string())
+        .collect();
     let mut s = Session::new(g, &outs).unwrap();
     for (name, v) in init(&cfg) {
         let id = s.graph().find(&name).unwrap();
         s.set_f32(id, &v).unwrap();
     }
-    let inp: Vec<i32> = (0..b).flat_map(|k| toks[k * t..(k + 1) * t].iter().map(|&x| x as i32)).collect();
+    let inp: Vec<i32> = (0..b)
+        .flat_map(|k| toks[k * t..(k + 1) * t].iter().map(|&x| x as i32))
+        .collect();
     s.set_i32(input, &inp).unwrap();
     let mut lab = vec![0.0f32; cfg.n_vocab * t * b];
     for k in 0..b {
@@ -112,10 +145,16 @@ fn logits_loss_and_every_gradient_match_pytorch() {
         s.compute(&CpuBackend::new(threads)).unwrap();
         let got_loss = s.get_f32(loss).unwrap()[0] as f64;
         let want_loss = fx.meta["loss"].as_f64().unwrap();
-        assert!(((got_loss - want_loss) / want_loss).abs() < 1e-5, "loss {got_loss} vs PyTorch {want_loss}");
+        assert!(
+            ((got_loss - want_loss) / want_loss).abs() < 1e-5,
+            "loss {got_loss} vs PyTorch {want_loss}"
+        );
         let lg = s.get_f32(logits).unwrap();
         let e = max_rel(&lg, fx.array("logits"));
-        assert!(e < 1e-5, "logits differ from PyTorch by {e:.2e} (relative to their max)");
+        assert!(
+            e < 1e-5,
+            "logits differ from PyTorch by {e:.2e} (relative to their max)"
+        );
         let mut worst = (0.0, String::new());
         for (i, name) in names.iter().enumerate() {
             let gv = s.get_f32(grads.grads[i]).unwrap();
@@ -127,7 +166,10 @@ fn logits_loss_and_every_gradient_match_pytorch() {
             }
             assert!(e < 1e-5, "gradient of {name} differs from PyTorch's by {e:.2e} (relative to its max), {threads} threads");
         }
-        eprintln!("{threads} threads: loss {got_loss} (PyTorch {want_loss}); worst gradient {} at {:.2e}", worst.1, worst.0);
+        eprintln!(
+            "{threads} threads: loss {got_loss} (PyTorch {want_loss}); worst gradient {} at {:.2e}",
+            worst.1, worst.0
+        );
     }
 }
 
@@ -142,7 +184,12 @@ fn ten_adamw_steps_match_pytorch() {
     let tc = TrainConfig {
         batch: 2,
         grad_accum: 1,
-        optimizer: Optimizer::AdamW { beta1: f("beta1"), beta2: f("beta2"), eps: f("eps"), weight_decay: f("weight_decay") },
+        optimizer: Optimizer::AdamW {
+            beta1: f("beta1"),
+            beta2: f("beta2"),
+            eps: f("eps"),
+            weight_decay: f("weight_decay"),
+        },
         schedule: Schedule::constant(f("lr")),
         clip: None,
         seed: 1,
@@ -154,11 +201,20 @@ fn ten_adamw_steps_match_pytorch() {
     for (name, v) in init(&cfg) {
         tr.set_param(&name, &v).unwrap();
     }
-    let want: Vec<f64> = a["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let want: Vec<f64> = a["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     for (k, w) in want.iter().enumerate() {
         let (l, _) = tr.train_batch(&data, &[0, 1]).unwrap();
         let rel = ((l as f64 - w) / w).abs();
-        assert!(rel < 1e-4, "AdamW step {}: loss {l} vs PyTorch {w} ({rel:.2e})", k + 1);
+        assert!(
+            rel < 1e-4,
+            "AdamW step {}: loss {l} vs PyTorch {w} ({rel:.2e})",
+            k + 1
+        );
     }
     assert_eq!(tr.pos.step, 10);
 }

@@ -105,20 +105,16 @@ impl Graph {
     pub fn build_backward(&mut self, accumulate: bool) -> Result<Gradients> {
         let losses: Vec<TensorId> = self.ids().filter(|&i| self.flags(i).loss).collect();
         let loss = match losses.as_slice() {
-            [] => {
-                return Err(Error::Invalid(
-                    "build_backward: the graph has no loss (mark the scalar to minimise with set_loss)"
-                        .into(),
-                ))
-            }
+            [] => return Err(Error::Invalid(
+                "build_backward: the graph has no loss (mark the scalar to minimise with set_loss)"
+                    .into(),
+            )),
             [l] => *l,
-            _ => {
-                return Err(Error::Invalid(format!(
-                    "build_backward: the graph has {} tensors marked as loss ({:?}); sum them into one",
-                    losses.len(),
-                    losses
-                )))
-            }
+            _ => return Err(Error::Invalid(format!(
+                "build_backward: the graph has {} tensors marked as loss ({:?}); sum them into one",
+                losses.len(),
+                losses
+            ))),
         };
         let t = self.tensor(loss);
         if t.nelements() != 1 || t.dtype != DType::F32 {
@@ -306,12 +302,9 @@ impl Graph {
         let op = self.tensor(bw.node).op.clone();
         match op {
             Op::Leaf => Ok(vec![]),
-            Op::View
-            | Op::Reshape
-            | Op::Permute { .. }
-            | Op::Transpose
-            | Op::Cont
-            | Op::Cpy => self.backward_view(bw),
+            Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose | Op::Cont | Op::Cpy => {
+                self.backward_view(bw)
+            }
             Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Add1 | Op::Acc(_) | Op::Set(_) => {
                 self.backward_binary(bw)
             }

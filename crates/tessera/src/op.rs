@@ -6,9 +6,9 @@ pub use crate::ops::attention::{AttnPrecision, FlashAttnParams};
 pub use crate::ops::conv::{Conv2dParams, Im2colParams, Pool2dParams, PoolKind};
 pub use crate::ops::glu::GluKind;
 pub use crate::ops::misc::UpscaleMode;
+pub use crate::ops::norm::NormBackKind;
 pub use crate::ops::rope::RopeParams;
 pub use crate::ops::sort::SortOrder;
-pub use crate::ops::norm::NormBackKind;
 pub use crate::ops::unary::{Deriv, UnaryOp};
 
 /// Where `acc`/`set` write `b` inside `a`: strides and a byte offset, as ggml takes them.

@@ -564,7 +564,8 @@ fn gemm(
                         // SAFETY: elements (mp..mp+NR, k0+kk) of `a` in this batch lie in its
                         // span (validated); with nb[1] == 4 they are NR consecutive f32.
                         unsafe {
-                            let src = ctx.src[0].add(a_base + mp * 4 + (k0 + kk) * a.nb[0]) as *const f32;
+                            let src =
+                                ctx.src[0].add(a_base + mp * 4 + (k0 + kk) * a.nb[0]) as *const f32;
                             std::ptr::copy_nonoverlapping(src, panel.as_mut_ptr().add(kk * NR), NR);
                         }
                     }
@@ -601,8 +602,13 @@ fn gemm(
                             // SAFETY: elements (k0+kk, nq..nq+MR) of `b` in this batch lie in
                             // its span; with nb[1] == 4 they are MR consecutive f32.
                             unsafe {
-                                let src = bsrc.add(b_base + nq * 4 + (k0 + kk) * b.nb[0]) as *const f32;
-                                std::ptr::copy_nonoverlapping(src, panel.as_mut_ptr().add(kk * MR), MR);
+                                let src =
+                                    bsrc.add(b_base + nq * 4 + (k0 + kk) * b.nb[0]) as *const f32;
+                                std::ptr::copy_nonoverlapping(
+                                    src,
+                                    panel.as_mut_ptr().add(kk * MR),
+                                    MR,
+                                );
                             }
                         }
                         continue;

@@ -439,7 +439,11 @@ fn repeat_back(ctx: &NodeCtx) -> Result<()> {
     // columns too. Every element is still summed in the reference's order, so the result is
     // the same for any split.
     let nrows = d.nrows();
-    let chunks = if nrows >= ctx.nth { 1 } else { ctx.nth.div_ceil(nrows).min(n0.div_ceil(64)).max(1) };
+    let chunks = if nrows >= ctx.nth {
+        1
+    } else {
+        ctx.nth.div_ceil(nrows).min(n0.div_ceil(64)).max(1)
+    };
     let width = n0.div_ceil(chunks);
     let f32_dense = a.dtype == DType::F32 && a.nb[0] == 4;
     for item in ctx.share(nrows * chunks) {
@@ -468,7 +472,10 @@ fn repeat_back(ctx: &NodeCtx) -> Result<()> {
                             // SAFETY: elements t0*n0 + c0 .. t0*n0 + c1 of this f32 source row
                             // are in its span and dense.
                             let src = unsafe {
-                                std::slice::from_raw_parts(ctx.src[0].add(base) as *const f32, c1 - c0)
+                                std::slice::from_raw_parts(
+                                    ctx.src[0].add(base) as *const f32,
+                                    c1 - c0,
+                                )
                             };
                             for (s, &v) in acc.iter_mut().zip(src) {
                                 *s += v as f64;
@@ -476,7 +483,8 @@ fn repeat_back(ctx: &NodeCtx) -> Result<()> {
                         } else {
                             for (j, s) in acc.iter_mut().enumerate() {
                                 // SAFETY: element t0*n0 + c0 + j < a.ne[0] of this source row.
-                                *s += unsafe { load(a.dtype, ctx.src[0].add(base + j * a.nb[0])) } as f64;
+                                *s += unsafe { load(a.dtype, ctx.src[0].add(base + j * a.nb[0])) }
+                                    as f64;
                             }
                         }
                     }

@@ -288,13 +288,15 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     Ok(out)
 }
 
-
 impl Graph {
     /// Backward of flash_attn_ext: the attention is rebuilt from primitives on the same inputs
     /// (`softmax(scale·K·Q + mask)` then `V·P`, with the soft-cap's tanh when set) and that
     /// decomposition is differentiated, so q, k, v (and the mask, without ALiBi) get exact
     /// gradients of the f32 attention.
-    pub(crate) fn backward_attention(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_attention(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let Op::FlashAttnExt(p) = t.op else {
             return Err(self.not_diff(bw.node, 0, "not flash_attn_ext"));
@@ -336,7 +338,11 @@ impl Graph {
         }
         if bw.wants(3) {
             if mask_v != mask {
-                return Err(self.not_diff(bw.node, 3, "a padded mask (more rows than queries) is not differentiated"));
+                return Err(self.not_diff(
+                    bw.node,
+                    3,
+                    "a padded mask (more rows than queries) is not differentiated",
+                ));
             }
             res[3] = found[3];
         }

@@ -184,11 +184,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }))
 }
 
-
 impl Graph {
     /// Backward of the element-wise binary ops, with `b` broadcast over `a`: the gradient of
     /// `b` is summed back over the broadcast dims.
-    pub(crate) fn backward_binary(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_binary(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let (a, b) = (t.src[0], t.src[1]);
         let g = bw.grad;

@@ -322,7 +322,12 @@ impl Graph {
         const OP: &str = "conv_2d_back";
         self.check_types(OP, &[grad, kernel, input], &[&[DType::F32], FLOATS, FLOATS])?;
         let ne = self.ne(if wrt_kernel { kernel } else { input });
-        Ok(self.node(Op::Conv2dBack { p, wrt_kernel }, DType::F32, ne, &[grad, kernel, input]))
+        Ok(self.node(
+            Op::Conv2dBack { p, wrt_kernel },
+            DType::F32,
+            ne,
+            &[grad, kernel, input],
+        ))
     }
 
     /// Gradient of `im2col(kernel, input, …)` w.r.t. the input: every column entry added back
@@ -344,7 +349,12 @@ impl Graph {
 
     /// Gradient of `pool_2d(a, …)` w.r.t. `a`: max pooling routes each gradient to the element
     /// the forward op picked, average pooling spreads it over the window.
-    pub fn pool_2d_back(&mut self, grad: TensorId, a: TensorId, p: Pool2dParams) -> Result<TensorId> {
+    pub fn pool_2d_back(
+        &mut self,
+        grad: TensorId,
+        a: TensorId,
+        p: Pool2dParams,
+    ) -> Result<TensorId> {
         const OP: &str = "pool_2d_back";
         self.check_types(OP, &[grad, a], &[&[DType::F32], FLOATS])?;
         let ne = self.ne(a);
@@ -539,26 +549,39 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of conv_2d (both operands), im2col (its input) and pool_2d, through their
     /// `*_back` nodes. conv_2d rounds its operands to f16 like ggml; the rounding is treated
     /// as the identity (its derivative almost everywhere).
-    pub(crate) fn backward_conv(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_conv(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let g = self.contig(bw.grad)?;
         match t.op {
             Op::Conv2d(p) => {
                 let (k, x) = (t.src[0], t.src[1]);
-                let gk = if bw.wants(0) { Some(self.conv_2d_back(g, k, x, p, true)?) } else { None };
-                let gx = if bw.wants(1) { Some(self.conv_2d_back(g, k, x, p, false)?) } else { None };
+                let gk = if bw.wants(0) {
+                    Some(self.conv_2d_back(g, k, x, p, true)?)
+                } else {
+                    None
+                };
+                let gx = if bw.wants(1) {
+                    Some(self.conv_2d_back(g, k, x, p, false)?)
+                } else {
+                    None
+                };
                 Ok(vec![gk, gx])
             }
             Op::Im2col(p) => {
                 if bw.wants(0) {
                     return Err(self.not_diff(bw.node, 0, "im2col uses only the kernel's shape"));
                 }
-                Ok(vec![None, Some(self.im2col_back(g, t.src[0], t.src[1], p)?)])
+                Ok(vec![
+                    None,
+                    Some(self.im2col_back(g, t.src[0], t.src[1], p)?),
+                ])
             }
             Op::Pool2d(p) => Ok(vec![Some(self.pool_2d_back(g, t.src[0], p)?)]),
             _ => Err(self.not_diff(bw.node, 0, "not a convolution")),

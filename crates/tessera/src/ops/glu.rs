@@ -224,11 +224,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }))
 }
 
-
 impl Graph {
     /// Backward of the gated linear units: with `out = act(x)·y`, `dx = grad·y·act'(x)` and
     /// `dy = grad·act(x)`; the fused form concatenates the two halves' gradients back.
-    pub(crate) fn backward_glu(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_glu(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let Op::Glu { kind, swapped } = t.op else {
             return Err(self.not_diff(bw.node, 0, "not a glu op"));

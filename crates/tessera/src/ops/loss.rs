@@ -63,12 +63,14 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     })
 }
 
-
 impl Graph {
     /// Backward of cross_entropy_loss (mean over rows of `-Σ labels·log_softmax(logits)`):
     /// `dlogits = (softmax(logits) - labels)·grad/nrows` (assuming rows of labels sum to 1, as
     /// ggml does) and `dlabels = -log_softmax(logits)·grad/nrows`.
-    pub(crate) fn backward_loss(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_loss(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let (x, y) = (t.src[0], t.src[1]);
         let nr = self.tensor(x).nrows() as f32;

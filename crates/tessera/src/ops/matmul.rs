@@ -165,7 +165,6 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of mul_mat and out_prod. For `out = mul_mat(a, b)` (`out[m,n] = Σk a[k,m]·b[k,n]`):
     /// - `db = mul_mat(aᵀ, grad)` for f32/f16/bf16 `a` (the transposed copy keeps `a`'s type);
@@ -173,7 +172,10 @@ impl Graph {
     ///   gradient and no f32 copy of the frozen weight is ever made;
     /// - `da = mul_mat(bᵀ, gradᵀ)` (summed over broadcast batches), only when `a` needs it —
     ///   a quantized `a` cannot be trained (freeze it, e.g. under LoRA).
-    pub(crate) fn backward_matmul(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_matmul(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let (a, b) = (t.src[0], t.src[1]);
         let g = bw.grad;
@@ -227,7 +229,11 @@ impl Graph {
                     };
                     let gne = self.ne(gc);
                     if self.ne(ac)[2] != gne[2] || self.ne(ac)[3] != gne[3] {
-                        return Err(self.not_diff(bw.node, 1, "out_prod broadcasting a over batches is differentiated only w.r.t. a"));
+                        return Err(self.not_diff(
+                            bw.node,
+                            1,
+                            "out_prod broadcasting a over batches is differentiated only w.r.t. a",
+                        ));
                     }
                     gb = Some(self.mul_mat(gc, ac)?);
                 }

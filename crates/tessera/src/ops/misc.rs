@@ -168,12 +168,22 @@ impl Graph {
                 ne.len()
             )));
         }
-        Ok(self.node(Op::Fill { value }, DType::F32, crate::shape::ne_from(ne), &[]))
+        Ok(self.node(
+            Op::Fill { value },
+            DType::F32,
+            crate::shape::ne_from(ne),
+            &[],
+        ))
     }
 
     /// Gradient of `upscale_ext(a, …)` w.r.t. `a`: every output gradient added back to the source
     /// pixels the forward op read, with the same weights. `grad` has the upscaled shape.
-    pub fn upscale_back(&mut self, grad: TensorId, a: TensorId, mode: UpscaleMode) -> Result<TensorId> {
+    pub fn upscale_back(
+        &mut self,
+        grad: TensorId,
+        a: TensorId,
+        mode: UpscaleMode,
+    ) -> Result<TensorId> {
         const OP: &str = "upscale_back";
         self.check_types(OP, &[grad], &[F32_ONLY])?;
         self.check_id(OP, a)?;
@@ -251,7 +261,8 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
                 let j3 = nearest(i3, sf[3], ne[3]);
                 match mode {
                     UpscaleMode::Nearest => {
-                        let k = out.idx(nearest(i0, sf[0], ne[0]), nearest(i1, sf[1], ne[1]), j2, j3);
+                        let k =
+                            out.idx(nearest(i0, sf[0], ne[0]), nearest(i1, sf[1], ne[1]), j2, j3);
                         out.data[k] += gv;
                     }
                     UpscaleMode::Bilinear => {
@@ -300,11 +311,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of pad (the unpadded part of the gradient) and upscale (gradients added back to
     /// the source pixels with the forward weights).
-    pub(crate) fn backward_misc(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_misc(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let a = t.src[0];
         let g = self.contig(bw.grad)?;

@@ -72,7 +72,12 @@ impl Graph {
     /// The gradient of a normalisation w.r.t. its input `x`, given the output gradient `grad`
     /// (both f32 of `x`'s shape): ggml's `rms_norm_back`, and the same for norm, l2_norm and
     /// group_norm.
-    pub fn norm_back(&mut self, grad: TensorId, x: TensorId, kind: NormBackKind) -> Result<TensorId> {
+    pub fn norm_back(
+        &mut self,
+        grad: TensorId,
+        x: TensorId,
+        kind: NormBackKind,
+    ) -> Result<TensorId> {
         const OP: &str = "norm_back";
         self.check_types(OP, &[grad, x], &[F32_ONLY, F32_ONLY])?;
         let ne = self.ne(x);
@@ -96,14 +101,20 @@ fn norm_back_vec(kind: NormBackKind, g: &[f64], x: &[f64]) -> Vec<f64> {
             let y: Vec<f64> = x.iter().map(|v| (v - mean) * r).collect();
             let mg = g.iter().sum::<f64>() / n;
             let mgy = dot(g, &y) / n;
-            g.iter().zip(&y).map(|(gi, yi)| r * (gi - mg - yi * mgy)).collect()
+            g.iter()
+                .zip(&y)
+                .map(|(gi, yi)| r * (gi - mg - yi * mgy))
+                .collect()
         }
         NormBackKind::Rms { eps } => {
             // y = x·r, r = 1/sqrt(mean(x²) + eps): dx = r·g - x·r³·mean(g·x)
             let ms = dot(x, x) / n;
             let r = 1.0 / (ms + eps as f64).sqrt();
             let mgx = dot(g, x) / n;
-            g.iter().zip(x).map(|(gi, xi)| r * gi - xi * r * r * r * mgx).collect()
+            g.iter()
+                .zip(x)
+                .map(|(gi, xi)| r * gi - xi * r * r * r * mgx)
+                .collect()
         }
         NormBackKind::L2 { eps } => {
             // y = x / max(|x|, eps): below eps the scale is a constant
@@ -114,7 +125,10 @@ fn norm_back_vec(kind: NormBackKind, g: &[f64], x: &[f64]) -> Vec<f64> {
             }
             let s = 1.0 / norm;
             let gx = dot(g, x);
-            g.iter().zip(x).map(|(gi, xi)| s * gi - xi * s * s * s * gx).collect()
+            g.iter()
+                .zip(x)
+                .map(|(gi, xi)| s * gi - xi * s * s * s * gx)
+                .collect()
         }
     }
 }
@@ -229,10 +243,12 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     Ok(out)
 }
 
-
 impl Graph {
     /// Backward of the normalisations through one fused `norm_back` node each.
-    pub(crate) fn backward_norm(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_norm(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let kind = match t.op {
             Op::Norm { eps } => NormBackKind::Norm { eps },

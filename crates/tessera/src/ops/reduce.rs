@@ -281,12 +281,14 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of the reductions and tilings: sums spread the gradient back with `repeat`,
     /// `repeat` sums it with `repeat_back`, `cumsum` takes the reversed cumulative sum, and
     /// `concat` hands each input its slice.
-    pub(crate) fn backward_reduce(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_reduce(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let a = t.src[0];
         let g = bw.grad;

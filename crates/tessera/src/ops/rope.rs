@@ -218,18 +218,24 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     Ok(out)
 }
 
-
 impl Graph {
     /// Backward of rope_ext: the rotation by the negated angles (with the same YaRN ramp and
     /// magnitude scale), ggml's `rope_back`. Positions and frequency factors are data.
-    pub(crate) fn backward_rope(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_rope(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let Op::Rope(mut p) = t.op else {
             return Err(self.not_diff(bw.node, 0, "not rope"));
         };
         for i in 1..t.src.len() {
             if bw.wants(i) {
-                return Err(self.not_diff(bw.node, i, "positions and frequency factors are not differentiated"));
+                return Err(self.not_diff(
+                    bw.node,
+                    i,
+                    "positions and frequency factors are not differentiated",
+                ));
             }
         }
         p.inverse = !p.inverse;

@@ -132,14 +132,28 @@ impl Graph {
     /// ggml's `get_rows_back`: the gradient of `get_rows(a, idx)` w.r.t. `a`: row `(i, i2, i3)`
     /// of `grad` added into row `idx[i, i2, i3]` of an f32 tensor of `a`'s shape `a_ne`, for any
     /// number of rows.
-    pub fn get_rows_back(&mut self, grad: TensorId, idx: TensorId, a_ne: [usize; 4]) -> Result<TensorId> {
+    pub fn get_rows_back(
+        &mut self,
+        grad: TensorId,
+        idx: TensorId,
+        a_ne: [usize; 4],
+    ) -> Result<TensorId> {
         const OP: &str = "get_rows_back";
         self.check_types(OP, &[grad, idx], &[&[DType::F32], &[DType::I32]])?;
         let (gne, ine) = (self.ne(grad), self.ne(idx));
-        if gne[0] != a_ne[0] || gne[1] != ine[0] || gne[2] != a_ne[2] || gne[3] != a_ne[3] || ine[1] != a_ne[2] || ine[2] != a_ne[3] {
+        if gne[0] != a_ne[0]
+            || gne[1] != ine[0]
+            || gne[2] != a_ne[2]
+            || gne[3] != a_ne[3]
+            || ine[1] != a_ne[2]
+            || ine[2] != a_ne[3]
+        {
             return Err(self.shape_err(
                 OP,
-                format!("grad must be [{}, n, {}, {}] with idx [n, {}, {}]", a_ne[0], a_ne[2], a_ne[3], a_ne[2], a_ne[3]),
+                format!(
+                    "grad must be [{}, n, {}, {}] with idx [n, {}, {}]",
+                    a_ne[0], a_ne[2], a_ne[3], a_ne[2], a_ne[3]
+                ),
                 &[grad, idx],
             ));
         }
@@ -155,7 +169,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
             for i3 in 0..g.ne[3] {
                 for i2 in 0..g.ne[2] {
                     for i1 in 0..g.ne[1] {
-                        let r = row_index(n, idx.at(i1, i2, i3, 0), n.t.ne[1], (i1, i2, i3), "the gradient")?;
+                        let r = row_index(
+                            n,
+                            idx.at(i1, i2, i3, 0),
+                            n.t.ne[1],
+                            (i1, i2, i3),
+                            "the gradient",
+                        )?;
                         let gr = g.row(i1, i2, i3).to_vec();
                         for (o, v) in out.row_mut(r, i2, i3).iter_mut().zip(gr) {
                             *o += v;
@@ -209,11 +229,13 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of get_rows: gradient rows scatter-added into the source's shape, for any
     /// number of rows. The indices are data.
-    pub(crate) fn backward_rows(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_rows(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         if bw.wants(1) {
             return Err(self.not_diff(bw.node, 1, "indices are not differentiated"));

@@ -171,12 +171,14 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of soft_max_ext and the diagonal masks. With `y = softmax(scale·x + slope·mask)`,
     /// `dz = y·(grad - Σ grad·y)`, `dx = scale·dz` and `dmask = slope·dz` (summed over the
     /// dims the mask is broadcast along; ALiBi masks, `max_bias > 0`, are not differentiated).
-    pub(crate) fn backward_softmax(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_softmax(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let g = bw.grad;
         match t.op {
@@ -186,7 +188,11 @@ impl Graph {
                 let dot = self.sum_rows(gy)?;
                 let d = self.sub(g, dot)?;
                 let dz = self.mul(d, y)?;
-                let ga = if bw.wants(0) { Some(self.scale(dz, scale)?) } else { None };
+                let ga = if bw.wants(0) {
+                    Some(self.scale(dz, scale)?)
+                } else {
+                    None
+                };
                 let gm = if bw.wants(1) {
                     let m = t.src[1];
                     if max_bias != 0.0 || self.ne(m)[1] != t.ne[1] {

@@ -375,7 +375,12 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
         let x = &src[1];
         return Ok(Dense {
             ne: x.ne,
-            data: a.data.iter().zip(&x.data).map(|(g, &x)| g * d.eval(x)).collect(),
+            data: a
+                .data
+                .iter()
+                .zip(&x.data)
+                .map(|(g, &x)| g * d.eval(x))
+                .collect(),
         });
     }
     let f: Box<dyn Fn(f64) -> f64> = match n.t.op {
@@ -401,32 +406,36 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     })
 }
 
-
 impl Graph {
     /// Backward of the unary ops: `grad * f'(x)` through `unary_back` (neg and scale directly).
     /// `step` and `sgn` have a zero derivative almost everywhere and no useful gradient: they
     /// are refused, like ggml does.
-    pub(crate) fn backward_unary(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_unary(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let a = t.src[0];
         let g = bw.grad;
-        let ga = match t.op {
-            Op::Scale { s, .. } => self.scale(g, s)?,
-            Op::Unary(UnaryOp::Neg) => self.scale(g, -1.0)?,
-            Op::Unary(u @ (UnaryOp::Step | UnaryOp::Sgn)) => {
-                return Err(self.not_diff(
+        let ga =
+            match t.op {
+                Op::Scale { s, .. } => self.scale(g, s)?,
+                Op::Unary(UnaryOp::Neg) => self.scale(g, -1.0)?,
+                Op::Unary(u @ (UnaryOp::Step | UnaryOp::Sgn)) => return Err(self.not_diff(
                     bw.node,
                     0,
-                    &format!("{} is piecewise constant: its gradient is zero or undefined everywhere", u.name()),
-                ))
-            }
-            Op::Unary(u) => self.unary_back(g, a, Deriv::Unary(u))?,
-            Op::LeakyRelu { negative_slope } => {
-                self.unary_back(g, a, Deriv::LeakyRelu { negative_slope })?
-            }
-            Op::Clamp { min, max } => self.unary_back(g, a, Deriv::Clamp { min, max })?,
-            _ => return Err(self.not_diff(bw.node, 0, "not a unary op")),
-        };
+                    &format!(
+                        "{} is piecewise constant: its gradient is zero or undefined everywhere",
+                        u.name()
+                    ),
+                )),
+                Op::Unary(u) => self.unary_back(g, a, Deriv::Unary(u))?,
+                Op::LeakyRelu { negative_slope } => {
+                    self.unary_back(g, a, Deriv::LeakyRelu { negative_slope })?
+                }
+                Op::Clamp { min, max } => self.unary_back(g, a, Deriv::Clamp { min, max })?,
+                _ => return Err(self.not_diff(bw.node, 0, "not a unary op")),
+            };
         Ok(vec![Some(ga)])
     }
 }

@@ -224,12 +224,14 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     }
 }
 
-
 impl Graph {
     /// Backward of views and copies: a view's gradient is added into zeros of its source's
     /// shape at the same place; reshape/permute/transpose undo themselves; cont and cpy pass
     /// the gradient through (cpy's destination is overwritten: its gradient is zero).
-    pub(crate) fn backward_view(&mut self, bw: &crate::autodiff::Bw) -> Result<crate::autodiff::Grads> {
+    pub(crate) fn backward_view(
+        &mut self,
+        bw: &crate::autodiff::Bw,
+    ) -> Result<crate::autodiff::Grads> {
         let t = self.tensor(bw.node).clone();
         let a = t.src[0];
         let g = bw.grad;
