@@ -110,11 +110,13 @@ impl Graph {
                     .into(),
             )),
             [l] => *l,
-            _ => return Err(Error::Invalid(format!(
+            _ => {
+                return Err(Error::Invalid(format!(
                 "build_backward: the graph has {} tensors marked as loss ({:?}); sum them into one",
                 losses.len(),
                 losses
-            ))),
+            )))
+            }
         };
         let t = self.tensor(loss);
         if t.nelements() != 1 || t.dtype != DType::F32 {

@@ -417,25 +417,26 @@ impl Graph {
         let t = self.tensor(bw.node).clone();
         let a = t.src[0];
         let g = bw.grad;
-        let ga =
-            match t.op {
-                Op::Scale { s, .. } => self.scale(g, s)?,
-                Op::Unary(UnaryOp::Neg) => self.scale(g, -1.0)?,
-                Op::Unary(u @ (UnaryOp::Step | UnaryOp::Sgn)) => return Err(self.not_diff(
+        let ga = match t.op {
+            Op::Scale { s, .. } => self.scale(g, s)?,
+            Op::Unary(UnaryOp::Neg) => self.scale(g, -1.0)?,
+            Op::Unary(u @ (UnaryOp::Step | UnaryOp::Sgn)) => {
+                return Err(self.not_diff(
                     bw.node,
                     0,
                     &format!(
                         "{} is piecewise constant: its gradient is zero or undefined everywhere",
                         u.name()
                     ),
-                )),
-                Op::Unary(u) => self.unary_back(g, a, Deriv::Unary(u))?,
-                Op::LeakyRelu { negative_slope } => {
-                    self.unary_back(g, a, Deriv::LeakyRelu { negative_slope })?
-                }
-                Op::Clamp { min, max } => self.unary_back(g, a, Deriv::Clamp { min, max })?,
-                _ => return Err(self.not_diff(bw.node, 0, "not a unary op")),
-            };
+                ))
+            }
+            Op::Unary(u) => self.unary_back(g, a, Deriv::Unary(u))?,
+            Op::LeakyRelu { negative_slope } => {
+                self.unary_back(g, a, Deriv::LeakyRelu { negative_slope })?
+            }
+            Op::Clamp { min, max } => self.unary_back(g, a, Deriv::Clamp { min, max })?,
+            _ => return Err(self.not_diff(bw.node, 0, "not a unary op")),
+        };
         Ok(vec![Some(ga)])
     }
 }
