@@ -14,9 +14,7 @@ use tessera_llm::chat::{self, Message};
 use tessera_llm::lora::{self, LoraConfig, Trainable};
 use tessera_llm::Model;
 use tessera_train::dataset::NO_LABEL;
-use tessera_train::{
-    Dataset, EpochStats, Inputs, Labels, Optimizer, Progress, Schedule, TrainConfig, Trainer,
-};
+use tessera_train::{Dataset, EpochStats, Optimizer, Progress, Schedule, TrainConfig, Trainer};
 
 #[derive(Args, Debug, Clone)]
 pub struct FinetuneArgs {
@@ -149,37 +147,8 @@ fn chat_tokens(model: &Model, text: &str) -> Result<(Vec<u32>, Vec<u32>), String
     Ok((toks, targets))
 }
 
-/// Samples of `ctx` tokens; the label of position i is the target at i + 1.
-fn dataset(toks: &[u32], targets: &[u32], ctx: usize, n_vocab: usize) -> Result<Dataset, String> {
-    if toks.len() < ctx + 1 {
-        return Err(format!(
-            "{} tokens are too few for one sample of {ctx}",
-            toks.len()
-        ));
-    }
-    let n = (toks.len() - 1) / ctx;
-    let mut inp = Vec::with_capacity(n * ctx);
-    let mut lab = Vec::with_capacity(n * ctx);
-    for i in 0..n {
-        inp.extend(toks[i * ctx..(i + 1) * ctx].iter().map(|&t| t as i32));
-        lab.extend_from_slice(&targets[i * ctx + 1..(i + 1) * ctx + 1]);
-    }
-    Dataset::new(
-        Inputs::I32(inp),
-        ctx,
-        Labels::Classes {
-            ids: lab,
-            n_classes: n_vocab,
-        },
-        ctx,
-    )
-    .map_err(|e| e.to_string())
-}
-
 fn state_path(out: &Path) -> PathBuf {
-    let mut s = out.as_os_str().to_owned();
-    s.push(".train.gguf");
-    PathBuf::from(s)
+    Dataset::state_path(out)
 }
 
 fn save(t: &mut Trainer, model: &Model, what: &Trainable, out: &Path) -> Result<(), String> {
@@ -233,7 +202,8 @@ pub fn finetune(a: &FinetuneArgs) -> Result<(), String> {
         text_tokens(&model, &text)
     };
     let n_vocab = model.hp.n_vocab;
-    let data = dataset(&toks, &targets, a.ctx, n_vocab)?;
+    let data =
+        Dataset::next_token_targets(&toks, &targets, a.ctx, n_vocab).map_err(|e| e.to_string())?;
     let what = if a.full {
         Trainable::Full
     } else if a.embeddings_only {

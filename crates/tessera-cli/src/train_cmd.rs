@@ -105,9 +105,7 @@ fn read_text(path: &Path) -> Result<Vec<u32>, String> {
 }
 
 fn state_path(out: &Path) -> PathBuf {
-    let mut s = out.as_os_str().to_owned();
-    s.push(".train.gguf");
-    PathBuf::from(s)
+    Dataset::state_path(out)
 }
 
 fn save(t: &mut Trainer, cfg: &Gpt2Config, out: &Path) -> Result<(), String> {

@@ -85,9 +85,28 @@ impl Dataset {
     /// Next-token samples from a token stream: sample `i` is `ctx` tokens starting at `i·ctx`
     /// and its labels are the `ctx` tokens that follow each of them.
     pub fn next_token(tokens: &[u32], ctx: usize, n_vocab: usize) -> Result<Dataset, TrainError> {
+        Dataset::next_token_targets(tokens, tokens, ctx, n_vocab)
+    }
+
+    /// Like [`next_token`](Dataset::next_token), with the label of position `i` taken from
+    /// `targets[i + 1]` (the token itself, or [`NO_LABEL`] where nothing is to be learned, such
+    /// as the prompt of a chat). `targets` has one entry per token.
+    pub fn next_token_targets(
+        tokens: &[u32],
+        targets: &[u32],
+        ctx: usize,
+        n_vocab: usize,
+    ) -> Result<Dataset, TrainError> {
         if ctx == 0 || tokens.len() < ctx + 1 {
             return Err(TrainError::Data(format!(
                 "{} tokens are too few for one sample of context {ctx}",
+                tokens.len()
+            )));
+        }
+        if targets.len() != tokens.len() {
+            return Err(TrainError::Data(format!(
+                "{} targets for {} tokens",
+                targets.len(),
                 tokens.len()
             )));
         }
@@ -96,7 +115,7 @@ impl Dataset {
         let mut lab = Vec::with_capacity(n * ctx);
         for i in 0..n {
             inp.extend(tokens[i * ctx..(i + 1) * ctx].iter().map(|&t| t as i32));
-            lab.extend_from_slice(&tokens[i * ctx + 1..(i + 1) * ctx + 1]);
+            lab.extend_from_slice(&targets[i * ctx + 1..(i + 1) * ctx + 1]);
         }
         Dataset::new(
             Inputs::I32(inp),
@@ -107,6 +126,13 @@ impl Dataset {
             },
             ctx,
         )
+    }
+
+    /// Where a run writing its model to `out` keeps its optimizer state: `OUT.train.gguf`.
+    pub fn state_path(out: &std::path::Path) -> std::path::PathBuf {
+        let mut s = out.as_os_str().to_owned();
+        s.push(".train.gguf");
+        std::path::PathBuf::from(s)
     }
 
     pub fn len(&self) -> usize {
