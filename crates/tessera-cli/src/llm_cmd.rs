@@ -231,6 +231,7 @@ pub fn run(
         generated.len() as f64 / dt,
         ctx.n_threads()
     );
+    eprint!("{}", tessera_cpu::exec::profile::report());
     if ids {
         eprintln!(
             "{}",
@@ -455,5 +456,6 @@ pub fn bench(
             );
         }
     }
+    eprint!("{}", tessera_cpu::exec::profile::report());
     Ok(())
 }

@@ -20,6 +20,7 @@ pub mod backend;
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod numerics;
 pub mod op;
 pub mod ops;
 pub mod reference;

@@ -32,6 +32,8 @@ use crate::exec::NodeCtx;
 use crate::ops::softmax::{alibi_slope, MaskRow};
 use crate::simd::Isa;
 
+mod tiled;
+
 /// kv rows per block of the online softmax.
 const BK: usize = 32;
 
@@ -74,9 +76,103 @@ fn per_thread(dk: usize, dv: usize) -> usize {
     ((dk + dv) * 4).next_multiple_of(64)
 }
 
+/// Whether node `t` runs ggml's tiled algorithm (ggml precision, a batch of queries).
+fn ggml_tiled(graph: &Graph, t: &Tensor) -> bool {
+    let Op::FlashAttnExt(p) = t.op else {
+        return false;
+    };
+    let s = |i: usize| graph.tensor(t.src[i]);
+    p.precision == tessera::op::AttnPrecision::GgmlCpu
+        && tessera::ops::attention::ggml_fa_tiled(s(0).ne[1], s(1).dtype, s(2).dtype)
+}
+
+/// Bytes of work buffer per thread for the tiled algorithm.
+fn tiled_per_thread(dk: usize, dv: usize) -> usize {
+    (tiled::scratch_floats(dk, dv) * 4).next_multiple_of(64)
+}
+
 /// Scratch bytes node `t` needs with `nth` threads.
 pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
-    per_thread(graph.tensor(t.src[0]).ne[0], t.ne[0]) * nth
+    let (dk, dv) = (graph.tensor(t.src[0]).ne[0], t.ne[0]);
+    if ggml_tiled(graph, t) {
+        return tiled_per_thread(dk, dv) * nth;
+    }
+    per_thread(dk, dv) * nth
+}
+
+/// ggml's tiled algorithm (see `tiled`): each thread takes a contiguous range of (query, head,
+/// batch) rows and cuts it into tiles of up to 64 queries of one head.
+fn compute_tiled(ctx: &NodeCtx, p: &tessera::op::FlashAttnParams) -> Result<()> {
+    let (q, k, v, d) = (ctx.s(0), ctx.s(1), ctx.s(2), ctx.t);
+    let mask = (ctx.t.src.len() > 3).then(|| ctx.s(3));
+    let (dk, dv) = (q.ne[0], v.ne[0]);
+    let (n_q, n_head) = (q.ne[1], q.ne[2]);
+    let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
+    let per = tiled_per_thread(dk, dv);
+    if ctx.wsize < per * ctx.nth {
+        return Err(ctx.err(format!(
+            "work buffer of {} bytes, {} needed",
+            ctx.wsize,
+            per * ctx.nth
+        )));
+    }
+    let simd = use_avx2(ctx.isa) && tiled::simd_shape(dk, dv);
+    let mut scale = p.scale;
+    if p.logit_softcap != 0.0 {
+        scale /= p.logit_softcap;
+    }
+    // SAFETY: this thread owns bytes [ith·per, (ith+1)·per) of the work buffer (size checked
+    // above, 64-byte aligned).
+    let scratch = unsafe { ctx.wdata.add(ctx.ith * per) as *mut f32 };
+    let units = ctx.share(n_q * n_head * q.ne[3]);
+    let mut u = units.start;
+    while u < units.end {
+        let (iq, h, b) = (u % n_q, (u / n_q) % n_head, u / (n_q * n_head));
+        let rows = tessera::ops::attention::GGML_FA_TILE
+            .min(units.end - u)
+            .min(n_q - iq);
+        let (hk, hv) = (h / rk, h / rv);
+        // SAFETY: spans validated by `exec::validate` and shapes by `handles`: query rows
+        // iq..iq+rows of head h, kv rows below n_kv of heads hk/hv, their mask rows and output
+        // rows lie inside their tensors with dense rows; the output rows are written by this
+        // thread alone; `scratch` is this thread's.
+        unsafe {
+            let tile = tiled::Tile {
+                q: ctx.src[0].add(iq * q.nb[1] + h * q.nb[2] + b * q.nb[3]),
+                q_nb1: q.nb[1],
+                k: ctx.src[1].add(hk * k.nb[2] + b * k.nb[3]),
+                k_nb1: k.nb[1],
+                v: ctx.src[2].add(hv * v.nb[2] + b * v.nb[3]),
+                v_nb1: v.nb[1],
+                kv_f16: k.dtype == DType::F16,
+                mask: mask.map(|m| MaskRow {
+                    ptr: ctx.src[3]
+                        .add(iq * m.nb[1] + (h % m.ne[2]) * m.nb[2] + (b % m.ne[3]) * m.nb[3]),
+                    f16: m.dtype == DType::F16,
+                }),
+                mask_nb1: mask.map_or(0, |m| m.nb[1]),
+                slope: alibi_slope(p.max_bias, n_head, h),
+                scale,
+                softcap: p.logit_softcap,
+                dk,
+                dv,
+                n_kv: k.ne[1],
+                rows,
+                out: ctx.dst.add(h * d.nb[1] + iq * d.nb[2] + b * d.nb[3]),
+                out_nb: d.nb[2],
+            };
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                tiled::avx2::run(&tile, scratch);
+                u += rows;
+                continue;
+            }
+            let _ = simd;
+            tiled::run_scalar(&tile, scratch);
+        }
+        u += rows;
+    }
+    Ok(())
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -126,6 +222,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         )));
     }
     let ggml = p.precision == tessera::op::AttnPrecision::GgmlCpu;
+    if ggml_tiled(ctx.graph, ctx.t) {
+        return compute_tiled(ctx, &p);
+    }
     let attend = if ggml {
         ggml_compat::pick(use_avx2(ctx.isa), k.dtype, v.dtype)
     } else {

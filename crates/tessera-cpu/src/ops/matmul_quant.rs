@@ -138,6 +138,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let row_bytes = a.dtype.row_size(k).expect("validated");
     let rows = ctx.share(m);
+    // prefetch distance for the four-row kernels: the next group of rows, and at least 4 KiB
+    // (a single core streams from memory only with enough misses in flight: measured on tg128)
+    let pf = (4 * a.nb[1]).max(4096);
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
@@ -145,13 +148,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
             let mut im = rows.start;
             while im < rows.end {
-                // four rows at a time share each activation load (not for q8_0 mat-vec, which is
-                // faster one row at a time: it has no unpacking to share) (the integer kernels compute
-                // every row exactly as the one-row kernel does, so the split does not matter)
-                let group = if local_kernel(a.dtype)
-                    && (a.dtype != DType::Q8_0 || n >= 2)
-                    && im + 4 <= rows.end
-                {
+                // four rows at a time share each activation load and the scale conversions (the
+                // integer kernels compute every row exactly as the one-row kernel does, so the
+                // split does not matter)
+                let group = if local_kernel(a.dtype) && im + 4 <= rows.end {
                     4
                 } else {
                     1
@@ -200,7 +200,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             j += 2;
                         }
                         while j < n {
-                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k);
+                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
                             let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
                             for (r, &x) in v.iter().enumerate() {
                                 *out.add(r) = x;
@@ -308,11 +308,11 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 /// Four weight rows against one activation row; each result is bit-identical to `vec_dot`'s.
-pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize) -> [f32; 4] {
+pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
-        // SAFETY: as in `vec_dot`.
-        return unsafe { avx2::vec_dot4(t, w, x, k) };
+        // SAFETY: as in `vec_dot`; prefetching never faults, whatever the address.
+        return unsafe { avx2::vec_dot4(t, w, x, k, pf) };
     }
     w.map(|r| vec_dot(isa, t, r, x, k))
 }
@@ -496,73 +496,150 @@ mod avx2 {
         }
     }
 
-    /// `vec_dot` for four rows at once, each with its own accumulator and the same sequence of
-    /// operations as `vec_dot`, so the results are identical.
+    /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles — one
+    /// broadcast load, one variable shift, one mask.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot4(t: DType, w: [&[u8]; 4], x: &[u8], k: usize) -> [f32; 4] {
+    unsafe fn nibbles_bcast(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at p.
+        unsafe {
+            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+            let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+            _mm256_and_si256(q, _mm256_set1_epi8(15))
+        }
+    }
+
+    /// The four bytes at each of four addresses, as the four i32 lanes of one vector.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gather4_i32(p: [*const u8; 4]) -> __m128i {
+        // SAFETY: four readable bytes at every address.
+        unsafe {
+            _mm_setr_epi32(
+                (p[0] as *const i32).read_unaligned(),
+                (p[1] as *const i32).read_unaligned(),
+                (p[2] as *const i32).read_unaligned(),
+                (p[3] as *const i32).read_unaligned(),
+            )
+        }
+    }
+
+    /// The two bytes at each of four addresses, as the low four u16 lanes of one vector.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gather4_u16(p: [*const u8; 4]) -> __m128i {
+        // SAFETY: two readable bytes at every address.
+        unsafe {
+            let r = |i: usize| (p[i] as *const i16).read_unaligned();
+            _mm_setr_epi16(r(0), r(1), r(2), r(3), 0, 0, 0, 0)
+        }
+    }
+
+    /// Lane `i` of `v` in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lane(v: __m256, i: i32) -> __m256 {
+        // register arithmetic only
+        _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(i))
+    }
+
+    /// `vec_dot` for four rows at once. Every row gets exactly `vec_dot`'s integer block sums
+    /// and float operations in the same order (so the results are identical); what is shared is
+    /// the activation block, the scale conversions (four rows' f16 scales in one instruction)
+    /// and, for q8_0, the absolute values of the activations. `pf`: how far ahead (bytes) of
+    /// each row's current block to prefetch.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot4(t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
         let nb = k / 32;
         let xp = x.as_ptr();
         let wp = w.map(|r| r.as_ptr());
-        // SAFETY: every row and x hold nb blocks of their formats.
+        // SAFETY: every row and x hold nb blocks of their formats; prefetches never fault.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
+            let ones = _mm256_set1_epi16(1);
             match t {
                 DType::Q4_0 => {
                     for i in 0..nb {
                         let xb = xp.add(i * 34);
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        let dx = f16(xb);
+                        // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: the same integers as vec_dot
+                        let y8 =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), y), ones);
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 18));
+                        let d = _mm256_castps128_ps256(_mm_mul_ps(
+                            _mm_cvtph_ps(gather4_u16(wb)),
+                            _mm_set1_ps(f16(xb)),
+                        ));
                         for r in 0..4 {
-                            let wb = wp[r].add(i * 18);
-                            let d = _mm256_set1_ps(f16(wb) * dx);
-                            let q = _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8));
-                            acc[r] = _mm256_fmadd_ps(d, dot_i8(q, y), acc[r]);
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                            let p = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(nibbles_bcast(wb[r].add(2)), y),
+                                ones,
+                            );
+                            let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
+                            acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
                         }
                     }
                     acc.map(|a| hsum(a))
                 }
                 DType::Q4_1 => {
-                    let mut summs = [0f32; 4];
+                    // lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
+                    let mut summs = _mm256_setzero_ps();
                     for i in 0..nb {
                         let xb = xp.add(i * 36);
                         let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
-                        let (dx, sx) = (f16(xb), f16(xb.add(2)));
+                        // [dx sx] of the activation block in every pair of lanes
+                        let xs =
+                            _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
+                        let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 20));
+                        // [d0 m0 d1 m1 d2 m2 d3 m3]: the adjacent f16 pairs of four rows
+                        let dm = _mm256_cvtph_ps(gather4_i32(wb));
+                        summs = _mm256_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
+                        let d = _mm256_mul_ps(dm, xs);
                         for r in 0..4 {
-                            let wb = wp[r].add(i * 20);
-                            // the next blocks of this row, a few cache lines ahead
-                            _mm_prefetch(wb.add(320) as *const i8, _MM_HINT_T0);
-                            // d and m are adjacent f16: convert both with one instruction
-                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                (wb as *const i32).read_unaligned(),
-                            ));
-                            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-                            summs[r] = mw.mul_add(sx, summs[r]);
-                            let d = _mm256_set1_ps(dw * dx);
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
                             let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(nibbles(wb.add(4)), y),
-                                _mm256_set1_epi16(1),
+                                _mm256_maddubs_epi16(nibbles_bcast(wb[r].add(4)), y),
+                                ones,
                             );
-                            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                            acc[r] = _mm256_fmadd_ps(
+                                lane(d, 2 * r as i32),
+                                _mm256_cvtepi32_ps(p),
+                                acc[r],
+                            );
                         }
                     }
+                    let mut s = [0f32; 8];
+                    _mm256_storeu_ps(s.as_mut_ptr(), summs);
                     [
-                        hsum(acc[0]) + summs[0],
-                        hsum(acc[1]) + summs[1],
-                        hsum(acc[2]) + summs[2],
-                        hsum(acc[3]) + summs[3],
+                        hsum(acc[0]) + s[1],
+                        hsum(acc[1]) + s[3],
+                        hsum(acc[2]) + s[5],
+                        hsum(acc[3]) + s[7],
                     ]
                 }
                 DType::Q8_0 => {
                     for i in 0..nb {
                         let xb = xp.add(i * 34);
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        let dx = f16(xb);
+                        // Σ|y|·(w·sgn y) = Σ w·y: the same pairs and integers as vec_dot's
+                        // Σ|w|·(y·sgn w), with one sign per row instead of two (|y| ≤ 127)
+                        let ay = _mm256_sign_epi8(y, y);
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 34));
+                        let d = _mm256_castps128_ps256(_mm_mul_ps(
+                            _mm_cvtph_ps(gather4_u16(wb)),
+                            _mm_set1_ps(f16(xb)),
+                        ));
                         for r in 0..4 {
-                            let wb = wp[r].add(i * 34);
-                            _mm_prefetch(wb.add(544) as *const i8, _MM_HINT_T0);
-                            let d = _mm256_set1_ps(f16(wb) * dx);
-                            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                            acc[r] = _mm256_fmadd_ps(d, dot_i8(q, y), acc[r]);
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                            let q = _mm256_loadu_si256(wb[r].add(2) as *const __m256i);
+                            let p = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(ay, _mm256_sign_epi8(q, y)),
+                                ones,
+                            );
+                            acc[r] =
+                                _mm256_fmadd_ps(lane(d, r as i32), _mm256_cvtepi32_ps(p), acc[r]);
                         }
                     }
                     acc.map(|a| hsum(a))
@@ -848,7 +925,33 @@ mod tests {
                     "{t} case {case}: scalar {want} vs exact {exact}"
                 );
                 let got = vec_dot(crate::simd::isa(), t, &w, &x, k);
-                let four = vec_dot4(crate::simd::isa(), t, [&w, &w, &w, &w], &x, k);
+                // four different rows (this one, its negation, and two random ones)
+                let others: Vec<Vec<u8>> = [
+                    wv.iter().map(|v| -v).collect::<Vec<f32>>(),
+                    rng_vals(k, 100 + case),
+                    rng_vals(k, 200 + case).iter().map(|v| v * 3.0).collect(),
+                ]
+                .iter()
+                .map(|v| {
+                    let mut q = vec![0u8; t.row_size(k).unwrap()];
+                    tessera_quants::quantize_row(t.id(), v, &mut q, None).unwrap();
+                    q
+                })
+                .collect();
+                let rows = [&w[..], &others[0], &others[1], &others[2]];
+                for pf in [0, 64, 4096] {
+                    let four = vec_dot4(crate::simd::isa(), t, rows, &x, k, pf);
+                    for (r, row) in rows.iter().enumerate() {
+                        let one = vec_dot(crate::simd::isa(), t, row, &x, k);
+                        assert_eq!(
+                            four[r].to_bits(),
+                            one.to_bits(),
+                            "{t} case {case} row {r}: vec_dot4 {} vs vec_dot {one}",
+                            four[r]
+                        );
+                    }
+                }
+                let four = vec_dot4(crate::simd::isa(), t, [&w, &w, &w, &w], &x, k, 4096);
                 let tile = vec_dot_4x2(crate::simd::isa(), t, [&w, &w, &w, &w], [&x, &x], k);
                 let tile3 = vec_dot_4x3(crate::simd::isa(), t, [&w, &w, &w, &w], [&x, &x, &x], k);
                 assert!(

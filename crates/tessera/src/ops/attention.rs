@@ -161,9 +161,129 @@ fn f16r(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
-/// ggml's CPU algorithm, step for step (see [`AttnPrecision::GgmlCpu`]).
+/// Query rows (and kv rows) per tile of ggml's tiled CPU flash attention (`GGML_FA_TILE_Q`,
+/// `GGML_FA_TILE_KV`).
+pub const GGML_FA_TILE: usize = 64;
+
+/// Whether ggml's CPU backend computes this flash attention with its tiled algorithm (at least
+/// a tile of queries, K and V both f32 or both f16) rather than row by row.
+pub fn ggml_fa_tiled(n_q: usize, k: DType, v: DType) -> bool {
+    n_q >= GGML_FA_TILE && k == v && matches!(k, DType::F16 | DType::F32)
+}
+
+/// One query row's online-softmax step over a tile of ggml's tiled flash attention: `sc`
+/// holds the tile's scores (`-inf` where masked or past the last kv row). Returns false (and
+/// changes nothing) when the whole tile is masked; else raises the running max `m_max` —
+/// rescaling `acc` and `s_sum` by `expf` of the difference — turns `sc` into probabilities
+/// with ggml's vector `exp` and adds their sum (groups of 8 in ggml's horizontal order, in f64)
+/// to `s_sum`. Shared by the reference and the CPU backend's portable kernel.
+pub fn ggml_fa_tile_softmax(
+    sc: &mut [f32; GGML_FA_TILE],
+    m_max: &mut f32,
+    s_sum: &mut f32,
+    acc: &mut [f32],
+) -> bool {
+    let tile_max = sc
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if m > x { m } else { x });
+    if tile_max == f32::NEG_INFINITY {
+        return false;
+    }
+    let m_new = m_max.max(tile_max);
+    if m_new > *m_max {
+        let ms = (*m_max - m_new).exp();
+        for a in acc.iter_mut() {
+            *a *= ms;
+        }
+        *s_sum *= ms;
+    }
+    *m_max = m_new;
+    let mut sum = 0f64;
+    for g in sc.chunks_exact_mut(8) {
+        for x in g.iter_mut() {
+            *x = crate::numerics::ggml_expf(*x - m_new);
+        }
+        sum += (((g[0] + g[4]) + (g[2] + g[6])) + ((g[1] + g[5]) + (g[3] + g[7]))) as f64;
+    }
+    *s_sum = (*s_sum as f64 + sum) as f32;
+    true
+}
+
+/// ggml's tiled CPU flash attention (`ggml_compute_forward_flash_attn_ext_tiled`), one query
+/// row at a time (the row's result does not depend on the tiling): Q stays f32; per tile of 64
+/// kv rows, each score is a sequential f32 FMA chain over D, times `scale` (soft-capped), plus
+/// `slope · mask`; the tile's max raises the running max (`expf` of the difference rescales
+/// the accumulator and the sum); the probabilities are ggml's vector `exp`, summed in groups of
+/// 8 (ggml's horizontal order) into an f64 that is added to the f32 sum; `acc += p·v` is a
+/// sequential FMA chain over the tile's rows in f32; at the end `acc · (1/S)`.
+fn reference_ggml_tiled(p: &FlashAttnParams, src: &[Dense]) -> Result<Dense> {
+    let (q, k, v) = (&src[0], &src[1], &src[2]);
+    let mask = src.get(3);
+    let (d, n_q, n_head, n_b) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
+    let (n_kv, dv) = (k.ne[1], v.ne[0]);
+    let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
+    let mut scale = p.scale;
+    if p.logit_softcap != 0.0 {
+        scale /= p.logit_softcap;
+    }
+    let mut out = Dense::zeros([dv, n_head, n_q, n_b]);
+    let mut acc = vec![0f32; dv];
+    let mut sc = [0f32; GGML_FA_TILE];
+    for b in 0..n_b {
+        for h in 0..n_head {
+            let slope = alibi_slope(p.max_bias, n_head, h) as f32;
+            let (hk, hv) = (h / rk, h / rv);
+            for iq in 0..n_q {
+                let (mut s_sum, mut m_max) = (0f32, f32::NEG_INFINITY);
+                acc.fill(0.0);
+                for ic in (0..n_kv).step_by(GGML_FA_TILE) {
+                    let kv_tile = GGML_FA_TILE.min(n_kv - ic);
+                    for (j, s) in sc.iter_mut().enumerate() {
+                        if j >= kv_tile {
+                            *s = f32::NEG_INFINITY;
+                            continue;
+                        }
+                        let mut dot = 0f32;
+                        for i in 0..d {
+                            dot = (q.at(i, iq, h, b) as f32)
+                                .mul_add(k.at(i, ic + j, hk, b) as f32, dot);
+                        }
+                        let mut x = dot * scale;
+                        if p.logit_softcap != 0.0 {
+                            x = x.tanh() * p.logit_softcap;
+                        }
+                        if let Some(m) = mask {
+                            x += slope * m.at(ic + j, iq, h % m.ne[2], b % m.ne[3]) as f32;
+                        }
+                        *s = x;
+                    }
+                    if !ggml_fa_tile_softmax(&mut sc, &mut m_max, &mut s_sum, &mut acc) {
+                        continue;
+                    }
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        for (j, &pj) in sc[..kv_tile].iter().enumerate() {
+                            *a = (v.at(i, ic + j, hv, b) as f32).mul_add(pj, *a);
+                        }
+                    }
+                }
+                let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
+                for (i, &a) in acc.iter().enumerate() {
+                    out.set(i, h, iq, b, (a * inv) as f64);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// ggml's CPU algorithm, step for step (see [`AttnPrecision::GgmlCpu`]): the tiled algorithm
+/// for batches of at least [`GGML_FA_TILE`] queries with f32 or f16 K and V (as ggml chooses),
+/// else the row-by-row one.
 fn reference_ggml(n: &NodeRef, p: &FlashAttnParams, src: &[Dense]) -> Result<Dense> {
     let (q, k, v) = (&src[0], &src[1], &src[2]);
+    if ggml_fa_tiled(q.ne[1], n.src(1).dtype, n.src(2).dtype) {
+        return reference_ggml_tiled(p, src);
+    }
     let mask = src.get(3);
     let (d, n_q, n_head, n_b) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let (n_kv, dv) = (k.ne[1], v.ne[0]);
