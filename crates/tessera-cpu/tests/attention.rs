@@ -400,5 +400,24 @@ fn ggml_precision_tiled_is_bit_exact() {
                 );
             }
         }
+        // GgmlCpuRows keeps the row-by-row algorithm for the same batch (its reference sums
+        // the f16 products in f64, so it is close rather than bit-equal): a different result
+        // from the tiled one, within ggml's f16 error of the reference
+        let (mut s, o) = session(AttnPrecision::GgmlCpuRows);
+        s.compute(&ReferenceBackend).unwrap();
+        let rows = s.get_f32(o).unwrap();
+        for cpu in cpu_configs() {
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(o).unwrap();
+            assert!(got.iter().zip(&want).any(|(a, b)| a != b), "case {ci}");
+            for (i, (&a, &b)) in got.iter().zip(&rows).enumerate() {
+                assert!(
+                    ((a - b) as f64).abs() <= 2e-3 * top,
+                    "case {ci}: row-by-row on {:?}/{}t: element {i}: {a} vs {b}",
+                    cpu.isa(),
+                    cpu.n_threads()
+                );
+            }
+        }
     }
 }

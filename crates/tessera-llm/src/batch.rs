@@ -5,7 +5,10 @@
 //! `p * n_seq + s`, so sequences of similar lengths attend over a compact prefix of the cache.
 //! Each token's mask opens only its own sequence's rows up to its position; flash attention
 //! skips masked rows, so a sequence's tokens are computed as if it were alone (same values,
-//! same order of summation).
+//! same order of summation). In ggml precision every batch runs ggml's row-by-row attention
+//! (`AttnPrecision::GgmlCpuRows`), never its tiled form, whose results would depend on the
+//! batch's composition; a single `Context` runs a prompt of 64 tokens or more tiled, as
+//! llama.cpp does, so there a long prompt's numbers can differ from the batch's in the last bits.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -25,6 +28,7 @@
 
 use std::sync::Arc;
 
+use tessera::op::AttnPrecision;
 use tessera::Backend;
 
 use crate::context::{backend_of, ContextParams, GraphCache};
@@ -214,8 +218,14 @@ impl BatchContext {
             graphs,
             ..
         } = self;
+        // ggml's tiled attention (for 64 or more queries) would make a sequence's numbers depend
+        // on what else shares its batch: keep every batch on the row-by-row algorithm
+        let precision = match params.attn_precision {
+            AttnPrecision::GgmlCpu => AttnPrecision::GgmlCpuRows,
+            other => other,
+        };
         let p = graphs.get(shape, model, |m| {
-            build_batch(m, shape, n_rows, params.kv_type, params.attn_precision)
+            build_batch(m, shape, n_rows, params.kv_type, precision)
         })?;
         p.session.set_i32(p.built.tokens, &ids)?;
         p.session.set_i32(p.built.pos, &pos)?;

@@ -221,7 +221,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             per * ctx.nth
         )));
     }
-    let ggml = p.precision == tessera::op::AttnPrecision::GgmlCpu;
+    let ggml = matches!(
+        p.precision,
+        tessera::op::AttnPrecision::GgmlCpu | tessera::op::AttnPrecision::GgmlCpuRows
+    );
     if ggml_tiled(ctx.graph, ctx.t) {
         return compute_tiled(ctx, &p);
     }

@@ -33,8 +33,14 @@ pub enum AttnPrecision {
     /// Exactly what ggml's CPU backend computes when K is f16: Q rounded to f16 before the
     /// dot products, a sequential online softmax over the kv rows in f32 (`expf`), and — when V
     /// is f16 — the running weighted sum of V kept in f16 (rounded after every update). Less
-    /// precise; used to reproduce llama.cpp's outputs token for token.
+    /// precise; used to reproduce llama.cpp's outputs token for token. For a batch of at least
+    /// 64 queries with f16 or f32 K and V, ggml (and so this mode) runs its tiled algorithm
+    /// instead: Q in f32, tiles of 64 kv rows, f32 accumulators.
     GgmlCpu,
+    /// ggml's row-by-row algorithm (as `GgmlCpu` for fewer than 64 queries) for any batch size,
+    /// so that a query's result does not depend on how many other queries share its batch —
+    /// what a server that batches independent requests needs.
+    GgmlCpuRows,
 }
 
 impl Graph {
@@ -281,7 +287,9 @@ fn reference_ggml_tiled(p: &FlashAttnParams, src: &[Dense]) -> Result<Dense> {
 /// else the row-by-row one.
 fn reference_ggml(n: &NodeRef, p: &FlashAttnParams, src: &[Dense]) -> Result<Dense> {
     let (q, k, v) = (&src[0], &src[1], &src[2]);
-    if ggml_fa_tiled(q.ne[1], n.src(1).dtype, n.src(2).dtype) {
+    if p.precision == AttnPrecision::GgmlCpu
+        && ggml_fa_tiled(q.ne[1], n.src(1).dtype, n.src(2).dtype)
+    {
         return reference_ggml_tiled(p, src);
     }
     let mask = src.get(3);
@@ -360,7 +368,10 @@ pub(crate) fn reference(n: &NodeRef, src: &[Dense]) -> Result<Dense> {
     let Op::FlashAttnExt(p) = n.t.op else {
         return Err(n.err("not flash_attn_ext"));
     };
-    if p.precision == AttnPrecision::GgmlCpu {
+    if matches!(
+        p.precision,
+        AttnPrecision::GgmlCpu | AttnPrecision::GgmlCpuRows
+    ) {
         return reference_ggml(n, &p, src);
     }
     let (q, k, v) = (&src[0], &src[1], &src[2]);
