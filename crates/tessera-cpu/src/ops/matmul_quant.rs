@@ -649,9 +649,10 @@ mod avx2 {
         }
     }
 
-    /// `vec_dot` for four rows × two activation columns, every result computed with the same
-    /// sequence of operations as `vec_dot` (so the values are identical); the weight block is
-    /// unpacked once for both columns.
+    /// `vec_dot` for four rows × `C` activation columns, every result computed with the same
+    /// integer block sums and float operations, in the same order, as `vec_dot` (so the values
+    /// are identical); each weight block is unpacked once for all columns and the four rows'
+    /// scales are converted with one instruction.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot_4xc<const C: usize>(
         t: DType,
@@ -665,73 +666,93 @@ mod avx2 {
         // SAFETY: every row and column hold nb blocks of their formats.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 4]; C];
-            let mut summs = [[0f32; 4]; C];
-            let (wbs, xbs, wq, xq) = match t {
-                DType::Q4_0 => (18, 34, 2, 2),
-                DType::Q4_1 => (20, 36, 4, 4),
-                _ => (34, 34, 2, 2),
-            };
-            for i in 0..nb {
-                let xb: [*const u8; C] = std::array::from_fn(|c| xp[c].add(i * xbs));
-                let y: [__m256i; C] =
-                    std::array::from_fn(|c| _mm256_loadu_si256(xb[c].add(xq) as *const __m256i));
-                let dx: [f32; C] = std::array::from_fn(|c| f16(xb[c]));
-                let sx: [f32; C] = std::array::from_fn(|c| {
-                    if t == DType::Q4_1 {
-                        f16(xb[c].add(2))
-                    } else {
-                        0.0
-                    }
-                });
-                for r in 0..4 {
-                    let wb = wp[r].add(i * wbs);
-                    let dw = if t == DType::Q4_1 { 0.0 } else { f16(wb) };
-                    match t {
-                        DType::Q4_0 => {
-                            let q = _mm256_sub_epi8(nibbles(wb.add(wq)), _mm256_set1_epi8(8));
-                            for c in 0..C {
-                                let d = _mm256_set1_ps(dw * dx[c]);
-                                acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
-                            }
-                        }
-                        DType::Q4_1 => {
-                            let q = nibbles(wb.add(wq));
-                            // d and m are adjacent f16: one conversion
-                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                (wb as *const i32).read_unaligned(),
+            let ones = _mm256_set1_epi16(1);
+            match t {
+                DType::Q4_1 => {
+                    // lanes (2r, 2r+1) of summs[c]: row r's running Σ m·s (odd lanes used)
+                    let mut summs = [_mm256_setzero_ps(); C];
+                    for i in 0..nb {
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 20));
+                        let dm = _mm256_cvtph_ps(gather4_i32(wb));
+                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles_bcast(wb[r].add(4)));
+                        for c in 0..C {
+                            let xb = xp[c].add(i * 36);
+                            let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
+                            let xs = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                (xb as *const i32).read_unaligned(),
                             ));
-                            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-                            for c in 0..C {
-                                summs[c][r] = mw.mul_add(sx[c], summs[c][r]);
-                                let d = _mm256_set1_ps(dw * dx[c]);
-                                let p = _mm256_madd_epi16(
-                                    _mm256_maddubs_epi16(q, y[c]),
-                                    _mm256_set1_epi16(1),
+                            let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
+                            summs[c] = _mm256_fmadd_ps(dm, xs, summs[c]); // fused, as GCC builds ggml's
+                            let d = _mm256_mul_ps(dm, xs);
+                            for r in 0..4 {
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), ones);
+                                acc[c][r] = _mm256_fmadd_ps(
+                                    lane(d, 2 * r as i32),
+                                    _mm256_cvtepi32_ps(p),
+                                    acc[c][r],
                                 );
-                                acc[c][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[c][r]);
-                            }
-                        }
-                        _ => {
-                            let q = _mm256_loadu_si256(wb.add(wq) as *const __m256i);
-                            for c in 0..C {
-                                let d = _mm256_set1_ps(dw * dx[c]);
-                                acc[c][r] = _mm256_fmadd_ps(d, dot_i8(q, y[c]), acc[c][r]);
                             }
                         }
                     }
+                    std::array::from_fn(|c| {
+                        let mut s = [0f32; 8];
+                        _mm256_storeu_ps(s.as_mut_ptr(), summs[c]);
+                        std::array::from_fn(|r| hsum(acc[c][r]) + s[2 * r + 1])
+                    })
                 }
-            }
-            let mut out = [[0f32; 4]; C];
-            for c in 0..C {
-                for r in 0..4 {
-                    out[c][r] = if t == DType::Q4_1 {
-                        hsum(acc[c][r]) + summs[c][r]
-                    } else {
-                        hsum(acc[c][r])
-                    };
+                DType::Q4_0 => {
+                    for i in 0..nb {
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 18));
+                        let dw = _mm_cvtph_ps(gather4_u16(wb));
+                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles_bcast(wb[r].add(2)));
+                        for c in 0..C {
+                            let xb = xp[c].add(i * 34);
+                            let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                            // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: vec_dot's integers
+                            let y8 = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(_mm256_set1_epi8(8), y),
+                                ones,
+                            );
+                            let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(f16(xb))));
+                            for r in 0..4 {
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), ones);
+                                let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
+                                acc[c][r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[c][r]);
+                            }
+                        }
+                    }
+                    std::array::from_fn(|c| std::array::from_fn(|r| hsum(acc[c][r])))
                 }
+                DType::Q8_0 => {
+                    for i in 0..nb {
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 34));
+                        let dw = _mm_cvtph_ps(gather4_u16(wb));
+                        let q: [__m256i; 4] = std::array::from_fn(|r| {
+                            _mm256_loadu_si256(wb[r].add(2) as *const __m256i)
+                        });
+                        for c in 0..C {
+                            let xb = xp[c].add(i * 34);
+                            let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                            // Σ|y|·(w·sgn y) = Σ w·y (|y| ≤ 127): vec_dot's integers
+                            let ay = _mm256_sign_epi8(y, y);
+                            let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(f16(xb))));
+                            for r in 0..4 {
+                                let p = _mm256_madd_epi16(
+                                    _mm256_maddubs_epi16(ay, _mm256_sign_epi8(q[r], y)),
+                                    ones,
+                                );
+                                acc[c][r] = _mm256_fmadd_ps(
+                                    lane(d, r as i32),
+                                    _mm256_cvtepi32_ps(p),
+                                    acc[c][r],
+                                );
+                            }
+                        }
+                    }
+                    std::array::from_fn(|c| std::array::from_fn(|r| hsum(acc[c][r])))
+                }
+                _ => unreachable!("no integer kernel for {t}"),
             }
-            out
         }
     }
 
@@ -939,6 +960,14 @@ mod tests {
                 })
                 .collect();
                 let rows = [&w[..], &others[0], &others[1], &others[2]];
+                let tile = vec_dot_4x3(crate::simd::isa(), t, rows, [&x, &x, &x], k);
+                for (r, row) in rows.iter().enumerate() {
+                    let one = vec_dot(crate::simd::isa(), t, row, &x, k);
+                    assert!(
+                        tile.iter().all(|c| c[r].to_bits() == one.to_bits()),
+                        "{t} case {case} row {r}: 4x3 {tile:?} vs vec_dot {one}"
+                    );
+                }
                 for pf in [0, 64, 4096] {
                     let four = vec_dot4(crate::simd::isa(), t, rows, &x, k, pf);
                     for (r, row) in rows.iter().enumerate() {
