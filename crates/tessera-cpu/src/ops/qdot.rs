@@ -40,14 +40,18 @@ pub fn supported(t: DType) -> bool {
     matches!(
         t,
         Q5_0 | Q5_1 | IQ4NL | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS | TQ1_0 | TQ2_0
-    )
+    ) || super::qdot_iq2::supported(t)
+        || super::qdot_iq13::supported(t)
+        || super::qdot_fp::supported(t)
 }
 
 /// Bytes of one block of the activation format `t` is paired with.
 fn act_block_size(t: DType) -> usize {
     match t {
         DType::Q5_1 => Q8_1_SIZE,
-        DType::Q5_0 | DType::IQ4NL => Q8_0_SIZE,
+        DType::Q5_0 | DType::IQ4NL | DType::MXFP4 | DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {
+            Q8_0_SIZE
+        }
         _ => Q8_K_SIZE,
     }
 }
@@ -75,6 +79,15 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         w.len(),
         x.len()
     );
+    if super::qdot_iq2::supported(t) {
+        return super::qdot_iq2::vec_dot(isa, t, w, x, nb);
+    }
+    if super::qdot_iq13::supported(t) {
+        return super::qdot_iq13::vec_dot(isa, t, w, x, nb);
+    }
+    if super::qdot_fp::supported(t) {
+        return super::qdot_fp::vec_dot(isa, t, w, x, nb);
+    }
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
