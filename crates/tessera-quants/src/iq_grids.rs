@@ -3,7 +3,7 @@
 
 /// Sign patterns with even parity: 7 stored bits, the 8th makes the count of minus signs even.
 #[rustfmt::skip]
-pub(crate) static KSIGNS_IQ2XS: [u8; 128] = [
+pub static KSIGNS_IQ2XS: [u8; 128] = [
     0, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15,
     144, 17, 18, 147, 20, 149, 150, 23, 24, 153, 154, 27, 156, 29, 30, 159,
     160, 33, 34, 163, 36, 165, 166, 39, 40, 169, 170, 43, 172, 45, 46, 175,
@@ -16,7 +16,7 @@ pub(crate) static KSIGNS_IQ2XS: [u8; 128] = [
 
 /// iq2_xxs grid: 256 points of 8 magnitudes (one per byte, little end first).
 #[rustfmt::skip]
-pub(crate) static IQ2XXS_GRID: [u64; 256] = [
+pub static IQ2XXS_GRID: [u64; 256] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x08080808082b0808,
     0x08080808082b082b, 0x08080808082b2b08, 0x08080808082b2b2b, 0x0808080819080819,
@@ -85,7 +85,7 @@ pub(crate) static IQ2XXS_GRID: [u64; 256] = [
 
 /// iq2_xs grid: 512 points of 8 magnitudes.
 #[rustfmt::skip]
-pub(crate) static IQ2XS_GRID: [u64; 512] = [
+pub static IQ2XS_GRID: [u64; 512] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -218,7 +218,7 @@ pub(crate) static IQ2XS_GRID: [u64; 512] = [
 
 /// iq2_s grid: 1024 points of 8 magnitudes.
 #[rustfmt::skip]
-pub(crate) static IQ2S_GRID: [u64; 1024] = [
+pub static IQ2S_GRID: [u64; 1024] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -479,7 +479,7 @@ pub(crate) static IQ2S_GRID: [u64; 1024] = [
 
 /// iq3_xxs grid: 256 points of 4 magnitudes.
 #[rustfmt::skip]
-pub(crate) static IQ3XXS_GRID: [u32; 256] = [
+pub static IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -516,7 +516,7 @@ pub(crate) static IQ3XXS_GRID: [u32; 256] = [
 
 /// iq3_s grid: 512 points of 4 magnitudes.
 #[rustfmt::skip]
-pub(crate) static IQ3S_GRID: [u32; 512] = [
+pub static IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -585,7 +585,7 @@ pub(crate) static IQ3S_GRID: [u32; 512] = [
 
 /// iq1_s / iq1_m grid: 2048 points of 8 values in {-1, 0, 1} (as i8 bytes).
 #[rustfmt::skip]
-pub(crate) static IQ1S_GRID: [u64; 2048] = [
+pub static IQ1S_GRID: [u64; 2048] = [
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff,
     0xffffffffffff0101, 0xffffffffff00ff00, 0xffffffffff000000, 0xffffffffff01ffff,
     0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,
@@ -1102,7 +1102,7 @@ pub(crate) static IQ1S_GRID: [u64; 2048] = [
 
 /// iq2_xxs grid as 2-bit indices (8 of them per point), used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_2BIT_256: [u16; 256] = [
+pub static KGRID_2BIT_256: [u16; 256] = [
     0, 2, 5, 8, 10, 17, 20, 32, 34, 40, 42, 65, 68, 80, 88, 97,
     100, 128, 130, 138, 162, 257, 260, 272, 277, 320, 388, 408, 512, 514, 546, 642,
     1025, 1028, 1040, 1057, 1060, 1088, 1090, 1096, 1120, 1153, 1156, 1168, 1188, 1280, 1282, 1288,
@@ -1123,7 +1123,7 @@ pub(crate) static KGRID_2BIT_256: [u16; 256] = [
 
 /// iq2_xs grid as 2-bit indices, used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_2BIT_512: [u16; 512] = [
+pub static KGRID_2BIT_512: [u16; 512] = [
     0, 2, 5, 8, 10, 17, 20, 22, 25, 32, 34, 37, 40, 65, 68, 70,
     73, 80, 82, 85, 88, 97, 100, 128, 130, 133, 136, 145, 148, 153, 160, 257,
     260, 262, 265, 272, 274, 277, 280, 282, 289, 292, 320, 322, 325, 328, 337, 340,
@@ -1160,7 +1160,7 @@ pub(crate) static KGRID_2BIT_512: [u16; 512] = [
 
 /// iq1_s grid as 2-bit indices (0, 1, 2 = -1, 0, 1), used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_1BIT_2048: [u16; 2048] = [
+pub static KGRID_1BIT_2048: [u16; 2048] = [
     0, 2, 5, 8, 10, 17, 21, 32, 34, 40, 42, 69, 81, 84, 86, 101,
     128, 130, 136, 138, 149, 160, 162, 168, 170, 260, 261, 273, 276, 278, 281, 282,
     293, 321, 326, 329, 338, 341, 346, 353, 356, 358, 360, 389, 401, 404, 406, 421,
@@ -1293,7 +1293,7 @@ pub(crate) static KGRID_1BIT_2048: [u16; 2048] = [
 
 /// iq2_s grid as 2-bit indices, used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_2BIT_1024: [u16; 1024] = [
+pub static KGRID_2BIT_1024: [u16; 1024] = [
     0, 2, 5, 8, 10, 17, 20, 22, 25, 32, 34, 37, 40, 65, 68, 70,
     73, 80, 82, 85, 88, 97, 100, 102, 105, 128, 130, 133, 136, 145, 148, 160,
     165, 170, 257, 260, 262, 265, 272, 274, 277, 280, 289, 292, 320, 322, 325, 328,
@@ -1362,7 +1362,7 @@ pub(crate) static KGRID_2BIT_1024: [u16; 1024] = [
 
 /// iq3_xxs grid as 3-bit indices (4 of them per point), used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_3BIT_256: [u16; 256] = [
+pub static KGRID_3BIT_256: [u16; 256] = [
     0, 2, 4, 9, 11, 15, 16, 18, 25, 34, 59, 61, 65, 67, 72, 74,
     81, 85, 88, 90, 97, 108, 120, 128, 130, 132, 137, 144, 146, 153, 155, 159,
     169, 175, 189, 193, 199, 200, 202, 213, 248, 267, 287, 292, 303, 315, 317, 321,
@@ -1383,7 +1383,7 @@ pub(crate) static KGRID_3BIT_256: [u16; 256] = [
 
 /// iq3_s grid as 3-bit indices, used by the quantizer.
 #[rustfmt::skip]
-pub(crate) static KGRID_3BIT_512: [u16; 512] = [
+pub static KGRID_3BIT_512: [u16; 512] = [
     0, 1, 2, 5, 7, 8, 9, 10, 12, 14, 16, 17, 21, 27, 32, 34,
     37, 39, 41, 43, 48, 50, 57, 60, 63, 64, 65, 66, 68, 72, 73, 77,
     80, 83, 87, 89, 93, 100, 113, 117, 122, 128, 129, 133, 135, 136, 139, 142,

@@ -18,7 +18,9 @@
 mod common;
 mod f16;
 mod fp4;
-mod iq_grids;
+/// ggml's lattice grids and sign tables of the i-quants (`ggml-common.h`), shared with the CPU
+/// kernels.
+pub mod iq_grids;
 mod iquants;
 mod kquants;
 mod legacy;
