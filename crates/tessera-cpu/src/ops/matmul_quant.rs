@@ -141,6 +141,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // prefetch distance for the four-row kernels: the next group of rows, and at least 4 KiB
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
     let pf = (4 * a.nb[1]).max(4096);
+    let ahead = 4096usize.div_ceil(a.nb[1].max(1)).max(1);
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
@@ -209,6 +210,12 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         }
                     } else {
                         let arow = row(im);
+                        // the row `ahead` rows on, a few KiB away, into the cache while this one
+                        // is computed (a single core streams from memory only with enough misses
+                        // in flight; the one-row kernels have no prefetch of their own)
+                        if im + ahead < rows.end {
+                            prefetch_row(ctx.src[0].add(a_off + (im + ahead) * a.nb[1]), row_bytes);
+                        }
                         if !has_int_kernel(a.dtype) {
                             tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
                                 .map_err(|e| ctx.err(e.to_string()))?;
@@ -235,6 +242,23 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Asks the cache for the `bytes` at `p`, one prefetch per cache line (never faults).
+#[inline]
+fn prefetch_row(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetching is a hint that never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                p.wrapping_add(off) as *const i8,
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
 }
 
 /// Quantizes one row of activations to `vdt` exactly as ggml's x86 CPU backend does (its
