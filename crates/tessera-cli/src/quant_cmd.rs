@@ -1473,6 +1473,16 @@ pub fn quantize(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         }
     }
 
+    // the tensors are declared now and their data streamed to the file one at a time, so the
+    // converter holds one converted tensor in memory, not the whole output
+    for p in &plans {
+        let t = f.tensor(&p.name).expect("planned tensor exists");
+        w.declare_tensor(&p.name, p.to, t.shape())
+            .map_err(|e| e.to_string())?;
+    }
+    let mut out = w
+        .stream_to_file(&args.output)
+        .map_err(|e| format!("cannot write {}: {e}", args.output.display()))?;
     let mut progress = Progress {
         on: std::io::stderr().is_terminal(),
         total: plans
@@ -1501,8 +1511,8 @@ pub fn quantize(args: &QuantizeArgs) -> Result<(), QuantizeError> {
             .map_err(|e| format!("{}: {e}", p.name))?
             .into()
         };
-        w.add_tensor(&p.name, p.to, t.shape(), &data)
-            .map_err(|e| e.to_string())?;
+        out.write_tensor(&p.name, &data)
+            .map_err(|e| format!("cannot write {}: {e}", args.output.display()))?;
         progress.done += t.size;
         progress.clear();
         let dims: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
@@ -1533,7 +1543,7 @@ pub fn quantize(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         n_elements += t.n_elements();
     }
     progress.draw("writing");
-    let written = w.write_file(&args.output);
+    let written = out.finish();
     progress.clear();
     written.map_err(|e| format!("cannot write {}: {e}", args.output.display()))?;
 

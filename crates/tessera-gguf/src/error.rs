@@ -133,6 +133,9 @@ pub enum GgufError {
     /// Two tensors have the same name.
     #[error("duplicate tensor name {0:?}")]
     DuplicateTensor(String),
+    /// A streamed file's tensors are not written in the order, or with the sizes, declared.
+    #[error("streaming GGUF writer: {0}")]
+    StreamOrder(String),
     /// A tensor name longer than ggml accepts (`GGML_MAX_NAME - 1` = 63 bytes).
     #[error("tensor name {tensor:?} is {len} bytes long, at most {max} are allowed")]
     NameTooLong {

@@ -48,7 +48,7 @@ pub use dump::dump;
 pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{Value, ValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufStreamWriter, GgufWriter};
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

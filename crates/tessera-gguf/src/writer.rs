@@ -18,7 +18,10 @@ struct PendingTensor {
     name: String,
     dtype: DType,
     ne: Vec<usize>,
-    data: Vec<u8>,
+    /// Bytes of data (checked against the type and dimensions).
+    size: usize,
+    /// The data, or `None` for a tensor declared for a [`GgufStreamWriter`].
+    data: Option<Vec<u8>>,
 }
 
 /// Builds a GGUF file (version 3) the way ggml's `gguf_write_to_file` lays it out: header,
@@ -88,6 +91,51 @@ impl GgufWriter {
         ne: &[usize],
         data: &[u8],
     ) -> Result<()> {
+        let expected = self.check_tensor(name, dtype, ne)?;
+        if data.len() != expected {
+            return Err(GgufError::DataSizeMismatch {
+                tensor: name.to_string(),
+                dtype,
+                ne: ne.to_vec(),
+                expected,
+                actual: data.len(),
+            });
+        }
+        self.push_tensor(name, dtype, ne, expected, Some(data.to_vec()));
+        Ok(())
+    }
+
+    /// Declares tensor `name` without its data, checked like [`add_tensor`](Self::add_tensor):
+    /// its data is written later, in declaration order, through the [`GgufStreamWriter`] that
+    /// [`stream_to_file`](Self::stream_to_file) returns — so that a converter holds one tensor
+    /// in memory at a time, not the whole file.
+    pub fn declare_tensor(&mut self, name: &str, dtype: DType, ne: &[usize]) -> Result<()> {
+        let size = self.check_tensor(name, dtype, ne)?;
+        self.push_tensor(name, dtype, ne, size, None);
+        Ok(())
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        ne: &[usize],
+        size: usize,
+        data: Option<Vec<u8>>,
+    ) {
+        self.tensor_index
+            .insert(name.to_string(), self.tensors.len());
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dtype,
+            ne: ne.to_vec(),
+            size,
+            data,
+        });
+    }
+
+    /// Checks a new tensor's name and dimensions; returns its size in bytes.
+    fn check_tensor(&self, name: &str, dtype: DType, ne: &[usize]) -> Result<usize> {
         if name.len() > MAX_TENSOR_NAME_LEN {
             return Err(GgufError::NameTooLong {
                 tensor: name.to_string(),
@@ -130,27 +178,10 @@ impl GgufWriter {
                 block: dtype.block_size(),
             });
         };
-        let Some(expected) = ne[1..].iter().try_fold(row, |acc, &n| acc.checked_mul(n)) else {
-            return Err(overflow("byte size"));
-        };
-        if data.len() != expected {
-            return Err(GgufError::DataSizeMismatch {
-                tensor: name.to_string(),
-                dtype,
-                ne: ne.to_vec(),
-                expected,
-                actual: data.len(),
-            });
-        }
-        self.tensor_index
-            .insert(name.to_string(), self.tensors.len());
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            dtype,
-            ne: ne.to_vec(),
-            data: data.to_vec(),
-        });
-        Ok(())
+        ne[1..]
+            .iter()
+            .try_fold(row, |acc, &n| acc.checked_mul(n))
+            .ok_or_else(|| overflow("byte size"))
     }
 
     /// Replaces the type, dimensions and data of tensor `name` (keeping its position), or adds
@@ -213,12 +244,11 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// Writes the file to `w` (which is not buffered here: pass a `BufWriter` for a file).
-    /// Everything is validated before the first byte is written.
-    pub fn write_to<W: Write>(&self, mut w: W) -> Result<()> {
+    /// The header, metadata, tensor infos and padding: everything before the first tensor's
+    /// data.
+    fn head(&self) -> Result<Vec<u8>> {
         self.validate_metadata()?;
         let alignment = self.alignment()?;
-
         let mut head = Vec::new();
         head.extend_from_slice(&GGUF_MAGIC);
         head.extend_from_slice(&3u32.to_le_bytes());
@@ -239,8 +269,7 @@ impl GgufWriter {
             head.extend_from_slice(&t.dtype.id().to_le_bytes());
             head.extend_from_slice(&(offset as u64).to_le_bytes());
             offset = t
-                .data
-                .len()
+                .size
                 .checked_next_multiple_of(alignment)
                 .and_then(|n| offset.checked_add(n))
                 .ok_or_else(|| GgufError::SizeOverflow {
@@ -250,20 +279,65 @@ impl GgufWriter {
                     what: "data section offset",
                 })?;
         }
-        w.write_all(&head)?;
-        write_zeros(&mut w, head.len().next_multiple_of(alignment) - head.len())?;
+        head.resize(head.len().next_multiple_of(alignment), 0);
+        Ok(head)
+    }
 
+    /// Writes the file to `w` (which is not buffered here: pass a `BufWriter` for a file).
+    /// Everything is validated before the first byte is written. Every tensor must have its
+    /// data (tensors only declared are written through [`stream_to_file`](Self::stream_to_file)).
+    pub fn write_to<W: Write>(&self, mut w: W) -> Result<()> {
+        if let Some(t) = self.tensors.iter().find(|t| t.data.is_none()) {
+            return Err(GgufError::StreamOrder(format!(
+                "tensor {:?} was declared without data: write the file with stream_to_file",
+                t.name
+            )));
+        }
+        let alignment = self.alignment()?;
+        w.write_all(&self.head()?)?;
         for t in &self.tensors {
-            w.write_all(&t.data)?;
-            write_zeros(
-                &mut w,
-                t.data.len().next_multiple_of(alignment) - t.data.len(),
-            )?;
+            let data = t.data.as_deref().expect("checked above");
+            w.write_all(data)?;
+            write_zeros(&mut w, data.len().next_multiple_of(alignment) - data.len())?;
         }
         w.flush()?;
         Ok(())
     }
 
+    /// Creates `path` and writes everything up to the tensor data, plus the data of the leading
+    /// tensors that have theirs; the data of the declared tensors then follows through
+    /// [`GgufStreamWriter::write_tensor`], in declaration order, and
+    /// [`GgufStreamWriter::finish`] completes the file. A stream dropped before `finish` (an
+    /// error half-way) removes the partly written file.
+    pub fn stream_to_file(self, path: impl AsRef<Path>) -> Result<GgufStreamWriter> {
+        let head = self.head()?;
+        let alignment = self.alignment()?;
+        if let Some(i) = self.tensors.iter().position(|t| t.data.is_none()) {
+            if let Some(t) = self.tensors[i..].iter().find(|t| t.data.is_some()) {
+                return Err(GgufError::StreamOrder(format!(
+                    "tensor {:?} has its data but comes after a declared tensor: add tensors with data first",
+                    t.name
+                )));
+            }
+        }
+        let path = path.as_ref().to_path_buf();
+        let file = File::create(&path)?;
+        let mut s = GgufStreamWriter {
+            out: Some(BufWriter::new(file)),
+            path,
+            alignment,
+            pending: Vec::new(),
+            next: 0,
+        };
+        s.put(&head)?;
+        for t in self.tensors {
+            match t.data {
+                Some(d) => s.put_padded(&d)?,
+                None => s.pending.push((t.name, t.size)),
+            }
+        }
+        Ok(s)
+    }
     /// The file as bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = Vec::new();
@@ -325,5 +399,82 @@ fn put_value(buf: &mut Vec<u8>, v: &Value) {
         Value::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+/// The second half of a streamed GGUF file (see [`GgufWriter::stream_to_file`]): the data of
+/// the declared tensors, one at a time, in declaration order.
+pub struct GgufStreamWriter {
+    out: Option<BufWriter<File>>,
+    path: std::path::PathBuf,
+    alignment: usize,
+    /// Declared tensors (name, size) still to write, from `next` on.
+    pending: Vec<(String, usize)>,
+    next: usize,
+}
+
+impl GgufStreamWriter {
+    fn put(&mut self, b: &[u8]) -> Result<()> {
+        self.out.as_mut().expect("open until finish").write_all(b)?;
+        Ok(())
+    }
+
+    fn put_padded(&mut self, b: &[u8]) -> Result<()> {
+        self.put(b)?;
+        let pad = b.len().next_multiple_of(self.alignment) - b.len();
+        write_zeros(self.out.as_mut().expect("open until finish"), pad)?;
+        Ok(())
+    }
+
+    /// The name of the next tensor to write, if any.
+    pub fn next_tensor(&self) -> Option<&str> {
+        self.pending.get(self.next).map(|(n, _)| n.as_str())
+    }
+
+    /// Writes the data of tensor `name`, which must be the next declared one, with exactly its
+    /// declared size.
+    pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        let Some((want, size)) = self.pending.get(self.next).cloned() else {
+            return Err(GgufError::StreamOrder(format!(
+                "tensor {name:?} written after all declared tensors"
+            )));
+        };
+        if want != name {
+            return Err(GgufError::StreamOrder(format!(
+                "tensor {name:?} written where {want:?} was declared next"
+            )));
+        }
+        if data.len() != size {
+            return Err(GgufError::StreamOrder(format!(
+                "tensor {name:?} has {} bytes, {size} were declared",
+                data.len()
+            )));
+        }
+        self.put_padded(data)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Completes the file (every declared tensor must have been written) and syncs it.
+    pub fn finish(mut self) -> Result<()> {
+        if let Some(name) = self.next_tensor() {
+            return Err(GgufError::StreamOrder(format!(
+                "finish before tensor {name:?} (and {} more) was written",
+                self.pending.len() - self.next - 1
+            )));
+        }
+        let out = self.out.take().expect("open until finish");
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(())
+    }
+}
+
+impl Drop for GgufStreamWriter {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            // not finished: the file is incomplete
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
