@@ -358,8 +358,12 @@ fn avx2_matches_scalar() {
 
 #[test]
 fn supported_types() {
+    // this file's types, plus those of the kernel files with their own fixtures
+    use tessera_cpu::ops::{qdot_fp, qdot_iq13, qdot_iq2};
     for t in DType::ALL {
-        assert_eq!(supported(t), TYPES.contains(&t), "{t}");
+        let elsewhere = qdot_iq2::supported(t) || qdot_iq13::supported(t) || qdot_fp::supported(t);
+        assert!(!(TYPES.contains(&t) && elsewhere), "{t} has two kernels");
+        assert_eq!(supported(t), TYPES.contains(&t) || elsewhere, "{t}");
     }
 }
 
