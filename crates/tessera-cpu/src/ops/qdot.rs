@@ -49,9 +49,9 @@ pub fn supported(t: DType) -> bool {
 fn act_block_size(t: DType) -> usize {
     match t {
         DType::Q5_1 => Q8_1_SIZE,
-        DType::Q5_0 | DType::IQ4NL | DType::MXFP4 | DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {
-            Q8_0_SIZE
-        }
+        DType::Q5_0 | DType::IQ4NL => Q8_0_SIZE,
+        // weight blocks of 32, 64 or 128 against blocks of 32 activations
+        DType::MXFP4 | DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => t.block_size() / 32 * Q8_0_SIZE,
         _ => Q8_K_SIZE,
     }
 }

@@ -1,15 +1,441 @@
-//! Integer dot products for more weight types (see `qdot`); not written yet.
+//! Integer dot products (see `qdot`) for the weight types paired with q8_0 activations whose
+//! blocks are not q8_0's 32 elements or whose scales are not f16: mxfp4 (32 E2M1 values, one
+//! E8M0 exponent), nvfp4 (64 E2M1 values, four UE4M3 sub-block scales), q1_0 (128 signs, one
+//! f16 scale) and q2_0 (64 values in -1..2, one f16 scale). One nvfp4 or q2_0 block meets two
+//! q8_0 blocks, one q1_0 block four.
+//!
+//! As in `qdot`, two paths, each reproducing one of ggml's down to the last bit:
+//! - scalar: ggml's portable code (`ggml-cpu/quants.c`, `ggml_vec_dot_<type>_q8_0_generic`) with
+//!   C's evaluation order and no contraction of `a*b + c` into fused multiply-adds;
+//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`),
+//!   the same exact integer sums in the same 32-bit lanes, the same fused multiply-adds and the
+//!   same horizontal reduction. mxfp4 takes two blocks per step into two accumulators and an odd
+//!   last block the generic way (gcc does not fuse that `sumf += d*sumi`); q2_0 has no x86 code
+//!   and llama.cpp's AVX2 build runs the generic code, which gcc compiles without contraction
+//!   there, so its AVX2 path is the scalar one. (Checked against llama.cpp's `libggml-cpu` in
+//!   `tests/qdot_fp.rs`.)
+//!
+//! The E2M1 codes go through `kvalues_fp4` (the values doubled, so integers) and the block
+//! scales are halved to match, exactly as ggml does; every scale conversion is exact.
 
 use tessera::DType;
 
 use crate::simd::Isa;
 
+/// Bytes of one q8_0 block: f16 scale, 32 signed quants.
+const Q8_0_SIZE: usize = 34;
+
+/// ggml's `kvalues_fp4`: the E2M1 values doubled (bit 3 is the sign).
+const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 /// Weight types with an integer kernel here.
-pub fn supported(_t: DType) -> bool {
-    false
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::MXFP4 | DType::NVFP4 | DType::Q1_0 | DType::Q2_0)
 }
 
-/// Dot of `nb` blocks of weight type `t` with `nb` blocks of its activation format.
-pub fn vec_dot(_isa: Isa, t: DType, _w: &[u8], _x: &[u8], _nb: usize) -> f32 {
-    unreachable!("no integer kernel for {t} here")
+/// Dot of `nb` blocks of weight type `t` with the `nb · t.block_size() / 32` q8_0 blocks they
+/// meet. The scalar path is ggml's generic code, the AVX2 path (when the CPU has AVX2, FMA and
+/// F16C) what llama.cpp's AVX2 build computes.
+///
+/// Panics if `t` is not [`supported`] or a row is shorter than `nb` blocks' worth.
+pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    assert!(supported(t), "qdot_fp: no integer kernel for {t}");
+    let acts = nb * (t.block_size() / 32);
+    assert!(
+        w.len() >= nb * t.type_size() && x.len() >= acts * Q8_0_SIZE,
+        "qdot_fp: rows of {} and {} bytes for {nb} blocks of {t}",
+        w.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && t != DType::Q2_0 && avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
+        // weight blocks and the q8_0 blocks they meet (asserted above), all the kernels read.
+        return unsafe { avx2::vec_dot(t, w, x, nb) };
+    }
+    let _ = isa;
+    scalar::vec_dot(t, w, x, nb)
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Half of the E8M0 scale, 2^(e−128), as ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
+fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        ((e - 1) as u32) << 23
+    })
+}
+
+/// Half of the UE4M3 scale, as ggml's `ggml_ue4m3_to_fp32` (bias 7, three mantissa bits, 0 and
+/// 0x7F give 0, bit 7 is ignored). Every step is exact.
+fn ue4m3_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7F {
+        return 0.0;
+    }
+    let (exp, man) = (((x >> 3) & 15) as i32, (x & 7) as f32);
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let raw = if exp == 0 {
+        man * pow2(-9)
+    } else {
+        (1.0 + man / 8.0) * pow2(exp - 7)
+    };
+    raw * 0.5
+}
+
+/// Σ y[j]·kvalues[lo nibble of q[j]] and Σ y[j + n]·kvalues[hi nibble of q[j]], n = q.len().
+fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
+    let n = q.len();
+    let (mut lo, mut hi) = (0i32, 0i32);
+    for j in 0..n {
+        lo += y[j] as i8 as i32 * KVALUES_FP4[(q[j] & 15) as usize] as i32;
+        hi += y[j + n] as i8 as i32 * KVALUES_FP4[(q[j] >> 4) as usize] as i32;
+    }
+    (lo, hi)
+}
+
+/// ggml's generic kernels, one function per type, each over pairs of (weight block, the q8_0
+/// blocks it meets).
+mod scalar {
+    use super::*;
+
+    pub fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let ts = t.type_size();
+        let xs = (t.block_size() / 32) * Q8_0_SIZE;
+        let blocks = w[..nb * ts]
+            .chunks_exact(ts)
+            .zip(x[..nb * xs].chunks_exact(xs));
+        match t {
+            DType::MXFP4 => mxfp4(blocks),
+            DType::NVFP4 => nvfp4(blocks),
+            DType::Q1_0 => q1_0(blocks),
+            DType::Q2_0 => q2_0(blocks),
+            _ => unreachable!("checked by the caller"),
+        }
+    }
+
+    type Blocks<'a> =
+        std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
+
+    fn mxfp4(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let d = f16_at(xb, 0) * e8m0_half(wb[0]);
+            let (s1, s2) = fp4_sums(&wb[1..17], &xb[2..34]);
+            sumf += d * (s1 + s2) as f32;
+        }
+        sumf
+    }
+
+    fn nvfp4(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            for s in 0..4 {
+                let d = ue4m3_half(wb[s]);
+                let yb = &xb[(s / 2) * Q8_0_SIZE..][..Q8_0_SIZE];
+                let dy = f16_at(yb, 0);
+                let off = 2 + (s % 2) * 16;
+                let (lo, hi) = fp4_sums(&wb[4 + 8 * s..][..8], &yb[off..off + 16]);
+                sumf += dy * d * (lo + hi) as f32;
+            }
+        }
+        sumf
+    }
+
+    fn q1_0(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let d0 = f16_at(wb, 0);
+            let mut sumi = 0f32;
+            for (k, yb) in xb.chunks_exact(Q8_0_SIZE).enumerate() {
+                let bits = &wb[2 + 4 * k..][..4];
+                // bit e of the block's 32 is element e's sign: set +y, clear −y
+                let s: i32 = (0..32)
+                    .map(|e| {
+                        let y = yb[2 + e] as i8 as i32;
+                        if (bits[e / 8] >> (e % 8)) & 1 != 0 {
+                            y
+                        } else {
+                            -y
+                        }
+                    })
+                    .sum();
+                sumi += f16_at(yb, 0) * s as f32;
+            }
+            sumf += d0 * sumi;
+        }
+        sumf
+    }
+
+    fn q2_0(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let d0 = f16_at(wb, 0);
+            let mut sumi = 0f32;
+            for (k, yb) in xb.chunks_exact(Q8_0_SIZE).enumerate() {
+                let qs = &wb[2 + 8 * k..][..8];
+                // element e: bits 2(e mod 4).. of byte e/4, 0..3 meaning -1..2
+                let s: i32 = (0..32)
+                    .map(|e| ((qs[e / 4] >> (2 * (e % 4))) & 3) as i32 - 1)
+                    .zip(&yb[2..34])
+                    .map(|(q, &y)| q * y as i8 as i32)
+                    .sum();
+                sumi += f16_at(yb, 0) * s as f32;
+            }
+            sumf += d0 * sumi;
+        }
+        sumf
+    }
+}
+
+// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
+// `unsafe` blocks around pure register arithmetic keep the crate's minimum (1.85) building.
+#[cfg(target_arch = "x86_64")]
+#[allow(unused_unsafe)]
+mod avx2 {
+    //! Every kernel reads `nb` weight blocks and the q8_0 blocks they meet behind its two
+    //! pointers and nothing else; the callers guarantee they are there and that the CPU has
+    //! AVX2, FMA and F16C.
+
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let (w, x) = (w.as_ptr(), x.as_ptr());
+        // SAFETY: the caller guarantees nb blocks of t and the q8_0 blocks they meet behind w
+        // and x, and the CPU features every kernel is compiled for.
+        unsafe {
+            match t {
+                DType::MXFP4 => mxfp4(w, x, nb),
+                DType::NVFP4 => nvfp4(w, x, nb),
+                DType::Q1_0 => q1_0(w, x, nb),
+                _ => unreachable!("checked by the caller"),
+            }
+        }
+    }
+
+    /// One f16 at `p` as f32 (F16C, in registers).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16(p: *const u8) -> f32 {
+        // SAFETY: two readable bytes at p (caller); F16C is enabled.
+        unsafe {
+            let bits = (p as *const u16).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load256(p: *const u8) -> __m256i {
+        // SAFETY: 32 readable bytes at p (caller).
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load128(p: *const u8) -> __m128i {
+        // SAFETY: 16 readable bytes at p (caller).
+        unsafe { _mm_loadu_si128(p as *const __m128i) }
+    }
+
+    /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+        }
+    }
+
+    /// Signed bytes x·y summed in fours into 8 i32 lanes (ggml's `mul_add_epi8`, |x| as unsigned
+    /// times y with x's sign, then pairs of i16 summed).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_fours(x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+            _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+        }
+    }
+
+    /// 16 bytes of E2M1 codes through `kvalues_fp4`: (low nibbles, high nibbles).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fp4_values(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: 16 readable bytes at p (caller); the table is 16 bytes.
+        unsafe {
+            let values = load128(KVALUES_FP4.as_ptr() as *const u8);
+            let q = load128(p);
+            let m4 = _mm_set1_epi8(15);
+            (
+                _mm_shuffle_epi8(values, _mm_and_si128(q, m4)),
+                _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q), m4)),
+            )
+        }
+    }
+
+    /// The integer lanes of one mxfp4 block against its q8_0 block (elements j and j + 16 are
+    /// qs[j]'s low and high nibble).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mxfp4_lanes(wb: *const u8, xb: *const u8) -> __m256 {
+        // SAFETY: one block of each behind wb and xb (caller).
+        unsafe {
+            let (lo, hi) = fp4_values(wb.add(1));
+            _mm256_cvtepi32_ps(dot_fours(_mm256_set_m128i(hi, lo), load256(xb.add(2))))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mxfp4(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller).
+        unsafe {
+            let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            // two blocks per step, each into its own accumulator
+            while i + 1 < nb {
+                let (w1, x1) = (w.add(i * 17), x.add(i * Q8_0_SIZE));
+                let (w2, x2) = (w1.add(17), x1.add(Q8_0_SIZE));
+                let d1 = f16(x1) * e8m0_half(*w1);
+                let d2 = f16(x2) * e8m0_half(*w2);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), mxfp4_lanes(w1, x1), acc1);
+                acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), mxfp4_lanes(w2, x2), acc2);
+                i += 2;
+            }
+            let mut sumf = hsum(_mm256_add_ps(acc1, acc2));
+            // an odd last block the generic way (gcc does not fuse this one)
+            if i < nb {
+                let wb = std::slice::from_raw_parts(w.add(i * 17), 17);
+                let xb = std::slice::from_raw_parts(x.add(i * Q8_0_SIZE), Q8_0_SIZE);
+                let d = f16_at(xb, 0) * e8m0_half(wb[0]);
+                let (s1, s2) = fp4_sums(&wb[1..17], &xb[2..34]);
+                sumf += d * (s1 + s2) as f32;
+            }
+            sumf
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nvfp4(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and 2·nb q8_0 blocks behind x (caller).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (wb, y0) = (w.add(i * 36), x.add(2 * i * Q8_0_SIZE));
+                let y1 = y0.add(Q8_0_SIZE);
+                // sub-blocks 0 and 1 (qs 0..16) meet q8_0 block 0, 2 and 3 block 1; a
+                // sub-block's 16 elements are its 8 low nibbles then its 8 high ones
+                let (lo01, hi01) = fp4_values(wb.add(4));
+                let (lo23, hi23) = fp4_values(wb.add(20));
+                let q01 = _mm256_set_m128i(
+                    _mm_unpackhi_epi64(lo01, hi01),
+                    _mm_unpacklo_epi64(lo01, hi01),
+                );
+                let q23 = _mm256_set_m128i(
+                    _mm_unpackhi_epi64(lo23, hi23),
+                    _mm_unpacklo_epi64(lo23, hi23),
+                );
+                let p1 = _mm256_cvtepi32_ps(dot_fours(q01, load256(y0.add(2))));
+                let p2 = _mm256_cvtepi32_ps(dot_fours(q23, load256(y1.add(2))));
+                let (dy0, dy1) = (f16(y0), f16(y1));
+                let s0 = ue4m3_half(*wb) * dy0;
+                let s1 = ue4m3_half(*wb.add(1)) * dy0;
+                let s2 = ue4m3_half(*wb.add(2)) * dy1;
+                let s3 = ue4m3_half(*wb.add(3)) * dy1;
+                let sc01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                let sc23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+                acc = _mm256_fmadd_ps(sc01, p1, acc);
+                acc = _mm256_fmadd_ps(sc23, p2, acc);
+            }
+            hsum(acc)
+        }
+    }
+
+    /// The integer lanes of one q1_0 quarter (32 sign bits at `bits`) against one q8_0 block:
+    /// each quant negated (two's complement, in bytes) where its bit is clear, summed in fours.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1_lanes(bits: *const u8, yb: *const u8) -> __m256 {
+        // SAFETY: four readable bytes at bits, one q8_0 block at yb (caller).
+        unsafe {
+            let v = (bits as *const i32).read_unaligned();
+            // byte e gets bits byte e/8, then only bit e mod 8 of it
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(v),
+                _mm256_set_epi64x(
+                    0x0303_0303_0303_0303,
+                    0x0202_0202_0202_0202,
+                    0x0101_0101_0101_0101,
+                    0,
+                ),
+            );
+            let bit = _mm256_and_si256(spread, _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64));
+            let neg = _mm256_cmpeq_epi8(bit, _mm256_setzero_si256());
+            let qy = load256(yb.add(2));
+            let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, neg), neg);
+            let s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), sy);
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q1_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and 4·nb q8_0 blocks behind x (caller).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (wb, yb) = (w.add(i * 18), x.add(4 * i * Q8_0_SIZE));
+                let mut block = _mm256_mul_ps(_mm256_set1_ps(f16(yb)), q1_lanes(wb.add(2), yb));
+                for k in 1..4 {
+                    let y = yb.add(k * Q8_0_SIZE);
+                    let lanes = q1_lanes(wb.add(2 + 4 * k), y);
+                    block = _mm256_fmadd_ps(_mm256_set1_ps(f16(y)), lanes, block);
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(wb)), block, acc);
+            }
+            hsum(acc)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scales against ggml's definitions, computed another way.
+    #[test]
+    fn scale_decoders() {
+        for e in 0..=255u8 {
+            let want = 2f64.powi(e as i32 - 128);
+            assert_eq!(e8m0_half(e) as f64, want, "e8m0 {e}");
+        }
+        for x in 0..=255u8 {
+            let (exp, man) = (((x >> 3) & 15) as i32, (x & 7) as f64);
+            let want = if x == 0 || x == 0x7F {
+                0.0
+            } else if exp == 0 {
+                man / 512.0 / 2.0
+            } else {
+                (8.0 + man) / 8.0 * 2f64.powi(exp - 7) / 2.0
+            };
+            assert_eq!(ue4m3_half(x) as f64, want, "ue4m3 {x:#x}");
+        }
+    }
 }

@@ -1,0 +1,426 @@
+//! The integer dot products of `ops::qdot_fp` (mxfp4, nvfp4, q1_0, q2_0 against q8_0):
+//! bit-exact against ggml itself, close to the exact dot product of the dequantized rows, and
+//! the AVX2 path close to the scalar one.
+//!
+//! `data/qdot_ggml_fp.bin` was written by a small C program (not part of this repository)
+//! linked against llama.cpp's `libggml-cpu`/`libggml-base` (the copy vendored by
+//! llama-cpp-python 0.3.36, built by gcc 12 with `GGML_NATIVE` on an AVX2 machine without
+//! AVX-512 or AVX-VNNI). For each type it holds weight rows quantized by `ggml_quantize_chunk`
+//! from float patterns (0 random, 1 mixed magnitudes, 2 zero weights, 3 constants, 4 huge ×
+//! tiny, 5/6 alternating signs in and out of phase, 7 zero activations, 8 outliers, 9 ternary,
+//! 10 offset, 11 tiny × huge) against activation rows quantized by the CPU backend's q8_0
+//! `from_float`, at one block, odd block counts and longer rows; rows of random block bytes
+//! (pattern 100: every code and sign bit; f16 scales near ±1, mxfp4 exponents 110..140 or, in
+//! one row, 0..7 (subnormal scales), nvfp4's UE4M3 bytes all random); random rows biased to
+//! large block sums (pattern 101: the largest codes against activations 64..127, so that a
+//! block's d·sumi needs more than 24 bits); and mxfp4 rows of odd block counts whose last block
+//! dominates (pattern 102), where it shows whether the AVX2 kernel's generic tail is fused
+//! (it is not). For each pair two results:
+//! - `avx2`: `ggml_get_type_traits_cpu(type)->vec_dot` of that library, i.e. ggml's AVX2
+//!   kernel as llama.cpp runs it (for q2_0, which has no x86 kernel, the generic code as gcc
+//!   built it for that machine);
+//! - `generic`: ggml's `ggml_vec_dot_<type>_q8_0_generic` (`ggml-cpu/quants.c`) compiled with
+//!   `-ffp-contract=off` for plain x86-64 (no FMA), i.e. the C source's own order of float
+//!   operations.
+//!
+//! Format (little-endian): `b"QDOTFIX1"`, u32 case count, then per case u32 type id, u32 k,
+//! u32 pattern (100 = random bytes), u32 weight bytes, u32 activation bytes, the weight row,
+//! the activation row, f32 `avx2`, f32 `generic`.
+
+use tessera::DType;
+use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
+use tessera_cpu::ops::qdot::vec_dot;
+use tessera_cpu::ops::{qdot, qdot_fp};
+use tessera_cpu::Isa;
+
+const TYPES: [DType; 4] = [DType::MXFP4, DType::NVFP4, DType::Q1_0, DType::Q2_0];
+
+struct Case {
+    t: DType,
+    k: usize,
+    pattern: u32,
+    w: Vec<u8>,
+    x: Vec<u8>,
+    avx2: f32,
+    generic: f32,
+}
+
+fn fixture() -> Vec<Case> {
+    let b: &[u8] = include_bytes!("data/qdot_ggml_fp.bin");
+    assert_eq!(&b[0..8], b"QDOTFIX1");
+    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
+    let count = u32_at(8) as usize;
+    let mut p = 12;
+    let mut cases = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (id, k, pattern, wl, xl) = (
+            u32_at(p),
+            u32_at(p + 4) as usize,
+            u32_at(p + 8),
+            u32_at(p + 12) as usize,
+            u32_at(p + 16) as usize,
+        );
+        p += 20;
+        let w = b[p..p + wl].to_vec();
+        let x = b[p + wl..p + wl + xl].to_vec();
+        p += wl + xl;
+        let avx2 = f32::from_bits(u32_at(p));
+        let generic = f32::from_bits(u32_at(p + 4));
+        p += 8;
+        let t = DType::from_id(id).expect("known type");
+        assert_eq!(w.len(), t.row_size(k).unwrap());
+        assert_eq!(vec_dot_type(t), DType::Q8_0);
+        assert_eq!(x.len(), DType::Q8_0.row_size(k).unwrap());
+        cases.push(Case {
+            t,
+            k,
+            pattern,
+            w,
+            x,
+            avx2,
+            generic,
+        });
+    }
+    assert_eq!(p, b.len());
+    cases
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[test]
+fn fixture_covers_every_type() {
+    let cases = fixture();
+    for t in TYPES {
+        let of_t: Vec<&Case> = cases.iter().filter(|c| c.t == t).collect();
+        let random = of_t.iter().filter(|c| c.pattern == 100).count();
+        let mut ks: Vec<usize> = of_t.iter().map(|c| c.k).collect();
+        ks.sort_unstable();
+        ks.dedup();
+        assert!(
+            of_t.len() >= 15 && random >= 3 && ks.len() >= 3,
+            "{t}: {} cases, {random} random, k in {ks:?}",
+            of_t.len()
+        );
+        // the rows are not degenerate: most results are non-zero
+        let nonzero = of_t.iter().filter(|c| c.generic != 0.0).count();
+        assert!(nonzero >= of_t.len() - 3, "{t}: {nonzero} non-zero results");
+    }
+}
+
+/// ggml's AVX2 code rounds differently from its generic code (lanes, FMAs) for the types that
+/// have one, so the two bit-exact tests below check different things; q2_0 has none on x86.
+#[test]
+fn fixture_tells_the_paths_apart() {
+    let cases = fixture();
+    for t in TYPES {
+        let differ = cases
+            .iter()
+            .filter(|c| c.t == t && c.avx2.to_bits() != c.generic.to_bits())
+            .count();
+        if t == DType::Q2_0 {
+            assert_eq!(
+                differ, 0,
+                "{t}: llama.cpp's AVX2 build runs the generic code"
+            );
+        } else {
+            assert!(
+                differ >= 3,
+                "{t}: avx2 and generic differ in {differ} cases"
+            );
+        }
+    }
+}
+
+/// The AVX2 path returns exactly what llama.cpp's AVX2 build returns.
+#[test]
+fn avx2_is_bit_exact_with_ggml() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: the AVX2 path is not checked");
+        return;
+    }
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for c in fixture() {
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let got = vec_dot(isa, c.t, &c.w, &c.x, c.k);
+            n += 1;
+            if got.to_bits() != c.avx2.to_bits() {
+                bad.push(format!(
+                    "{} k={} pattern {} {isa:?}: {got:e} vs ggml {:e}",
+                    c.t, c.k, c.pattern, c.avx2
+                ));
+            }
+        }
+    }
+    assert!(n >= 2 * 15 * TYPES.len());
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The scalar path returns exactly what ggml's generic C code returns when compiled without
+/// FMA contraction.
+#[test]
+fn scalar_is_bit_exact_with_ggml_generic() {
+    let mut bad = Vec::new();
+    for c in fixture() {
+        let got = vec_dot(Isa::Scalar, c.t, &c.w, &c.x, c.k);
+        if got.to_bits() != c.generic.to_bits() {
+            bad.push(format!(
+                "{} k={} pattern {}: {got:e} vs ggml {:e}",
+                c.t, c.k, c.pattern, c.generic
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+// ---- tolerances against the exact dot product ----
+
+fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
+    let mut v = vec![0f32; k];
+    tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
+    v
+}
+
+/// The exact (f64) dot product of the dequantized rows and Σ|w_i·x_i|.
+fn exact_dot(t: DType, w: &[u8], x: &[u8], k: usize) -> (f64, f64) {
+    let (wd, xd) = (dequant(t, w, k), dequant(DType::Q8_0, x, k));
+    let exact = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+    let mag = wd
+        .iter()
+        .zip(&xd)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    (exact, mag)
+}
+
+/// How far a kernel's result may be from the exact dot product of the dequantized rows.
+///
+/// Both use the same integers and scales (every weight dequantizes exactly: a small integer
+/// times a power of two, or an f16 times -1..2; a q8_0 activation is d·q rounded once). The
+/// kernels multiply scales (one rounding), scale each q8_0 block's or lane's integer sum (one
+/// more) and add along the row (one per q8_0 block, or per block and lane and a final 8-lane
+/// reduction for AVX2), each rounding off by at most 2^-24 of a value bounded by
+/// mag = Σ|w_i·x_i|: so |error| ≤ (8·blocks + 16)·2^-23·mag, blocks counting q8_0 blocks.
+/// Where a product of scales falls into f32's subnormal range (mxfp4's exponents below ~10 in
+/// the fixture's random row) its rounding is absolute, at most 2^-150, times |Σ q·y| ≤
+/// 32·12·127 per block.
+fn tolerance(k: usize, mag: f64) -> f64 {
+    let blocks = (k / 32) as f64;
+    (8.0 * blocks + 16.0) * 2f64.powi(-23) * mag + blocks * 2f64.powi(-150) * (32.0 * 12.0 * 127.0)
+}
+
+/// ggml's own results (both builds) and ours are all near the exact dot product.
+#[test]
+fn fixture_results_match_exact_dot() {
+    for c in fixture() {
+        let (exact, mag) = exact_dot(c.t, &c.w, &c.x, c.k);
+        let tol = tolerance(c.k, mag);
+        let mut results = vec![
+            ("ggml avx2", c.avx2),
+            ("ggml generic", c.generic),
+            ("scalar", vec_dot(Isa::Scalar, c.t, &c.w, &c.x, c.k)),
+        ];
+        if has_avx2() {
+            results.push(("avx2", vec_dot(Isa::Avx2, c.t, &c.w, &c.x, c.k)));
+        }
+        for (who, got) in results {
+            assert!(
+                (got as f64 - exact).abs() <= tol,
+                "{} k={} pattern {}: {who} {got:e} vs exact {exact:e} (tolerance {tol:e})",
+                c.t,
+                c.k,
+                c.pattern
+            );
+        }
+    }
+}
+
+fn rng(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        // roughly normal: sum of four uniforms, centred
+        let u = |v: u64| (v & 0xffff) as f32 / 65536.0;
+        (u(s) + u(s >> 16) + u(s >> 32) + u(s >> 48) - 2.0) * 1.7
+    }
+}
+
+/// Weight and activation rows of `k` values for pattern `p`.
+fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut g = rng(seed);
+    let mut h = rng(seed ^ 0xabcdef);
+    let alt = |i: usize, v: f32| if i % 2 == 0 { v } else { -v };
+    (0..k)
+        .map(|i| {
+            let (a, b) = (g(), h());
+            match p {
+                0 => (a, b),
+                1 => (a * (2.0 * g()).exp(), b * (2.0 * h()).exp()), // mixed magnitudes
+                2 => (0.0, b),                                       // zero weights
+                3 => (a, 0.0),                                       // zero activations
+                4 => (0.5, -1.25),                                   // constants
+                5 => (a * 1e4, b * 1e-5),                            // huge × tiny
+                6 => (a * 1e-6, b * 3e3),                            // tiny × huge
+                7 => (alt(i, 3.0), alt(i, 1.0)),                     // alternating, same phase
+                8 => (alt(i, 3.0), alt(i + 1, 1.0)),                 // opposite phase
+                9 => (
+                    if i == 37 { 100.0 } else { a },
+                    if i == k - 5 { -80.0 } else { b },
+                ), // outliers
+                10 => ((a * 1.5).round().clamp(-1.0, 1.0) * 0.7, b), // ternary weights
+                _ => (a + 4.0, b.abs() + 1.0),                       // all positive, offset
+            }
+        })
+        .unzip()
+}
+
+const PATTERNS: usize = 12;
+
+/// Rows quantized here (tessera's quantizers, which match ggml's).
+fn rows(t: DType, wf: &[f32], xf: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let k = wf.len();
+    let mut w = vec![0u8; t.row_size(k).unwrap()];
+    let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+    tessera_quants::quantize_row(t.id(), wf, &mut w, None).unwrap();
+    quantize_activations(DType::Q8_0, xf, &mut x).unwrap();
+    (w, x)
+}
+
+fn ks(t: DType) -> [usize; 3] {
+    let bs = t.block_size();
+    [bs, 3 * bs, 4096 + bs]
+}
+
+/// Both paths against the exact dot product, on every pattern.
+#[test]
+fn kernels_match_exact_dot() {
+    for t in TYPES {
+        for k in ks(t) {
+            for p in 0..PATTERNS {
+                let (wf, xf) = pattern(p, k, (p * 31 + k) as u64);
+                let (w, x) = rows(t, &wf, &xf);
+                let (exact, mag) = exact_dot(t, &w, &x, k);
+                let tol = tolerance(k, mag);
+                for isa in [Isa::Scalar, Isa::Avx2] {
+                    let got = vec_dot(isa, t, &w, &x, k) as f64;
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{t} k={k} pattern {p} {isa:?}: {got} vs exact {exact} (tolerance {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 32) as u8
+        })
+        .collect()
+}
+
+/// Random block bytes (every code, sign bit and UE4M3 scale) with f16 scales near ±1, mxfp4
+/// exponents near 127 and activations in q8_0's range: the AVX2 path sums the scalar path's
+/// integers, so only the float grouping may differ, by at most (8·blocks + 16)·2^-24 of Σ|terms|
+/// on each side.
+#[test]
+fn avx2_matches_scalar_on_random_blocks() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: the AVX2 path is not checked");
+        return;
+    }
+    let mut differ = 0;
+    for t in TYPES {
+        for (seed, k) in [(1u64, 128usize), (2, 640), (3, 4096), (4, 1152)] {
+            let nb = k / t.block_size();
+            let ts = t.type_size();
+            let mut w = rng_bytes(nb * ts, seed);
+            let mut x = rng_bytes(k / 32 * 34, seed + 100);
+            for blk in w.chunks_exact_mut(ts) {
+                match t {
+                    DType::MXFP4 => blk[0] = 118 + blk[0] % 20,
+                    DType::Q1_0 | DType::Q2_0 => blk[1] = 0x3c | (blk[1] & 0x80), // ±1 .. 2
+                    _ => {}
+                }
+            }
+            for xb in x.chunks_exact_mut(34) {
+                xb[1] = 0x20; // d ≈ 0.008
+                for v in &mut xb[2..] {
+                    if *v == 0x80 {
+                        *v = 0x81; // q8_0 never holds -128
+                    }
+                }
+            }
+            let scalar = vec_dot(Isa::Scalar, t, &w, &x, k);
+            let (exact, mag) = exact_dot(t, &w, &x, k);
+            let tol = tolerance(k, mag);
+            assert!(
+                (scalar as f64 - exact).abs() <= tol,
+                "{t} k={k}: scalar {scalar} vs exact {exact} (tolerance {tol})"
+            );
+            for isa in [Isa::Avx2, Isa::Avx512] {
+                let got = vec_dot(isa, t, &w, &x, k);
+                differ += (got != scalar) as usize;
+                assert!(
+                    ((got - scalar) as f64).abs() <= tol,
+                    "{t} k={k} {isa:?}: {got} vs scalar {scalar} (tolerance {tol})"
+                );
+            }
+        }
+    }
+    // the two paths are really different code
+    assert!(differ > 0);
+}
+
+#[test]
+fn supported_types() {
+    for t in DType::ALL {
+        assert_eq!(qdot_fp::supported(t), TYPES.contains(&t), "{t}");
+        if TYPES.contains(&t) {
+            assert!(qdot::supported(t), "{t}");
+            assert_eq!(vec_dot_type(t), DType::Q8_0, "{t}");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "not whole")]
+fn rejects_partial_blocks() {
+    let w = vec![0u8; DType::Q1_0.type_size()];
+    let x = vec![0u8; 4 * DType::Q8_0.type_size()];
+    vec_dot(Isa::Scalar, DType::Q1_0, &w, &x, 64);
+}
+
+#[test]
+#[should_panic(expected = "bytes")]
+fn rejects_short_rows() {
+    // one nvfp4 block meets two q8_0 blocks
+    let w = vec![0u8; DType::NVFP4.type_size()];
+    let x = vec![0u8; 2 * DType::Q8_0.type_size() - 1];
+    qdot_fp::vec_dot(Isa::Avx2, DType::NVFP4, &w, &x, 1);
+}
+
+#[test]
+#[should_panic(expected = "no integer kernel")]
+fn rejects_unsupported_types() {
+    let w = vec![0u8; DType::Q4_0.type_size()];
+    let x = vec![0u8; DType::Q8_0.type_size()];
+    qdot_fp::vec_dot(Isa::Scalar, DType::Q4_0, &w, &x, 1);
+}
