@@ -1,15 +1,632 @@
-//! Integer dot products for more weight types (see `qdot`); not written yet.
+//! Integer dot products (see `qdot`) for the 3-bit and 1-bit i-quants against q8_K activations:
+//! iq3_xxs (256 points of 4 magnitudes, 7-bit even-parity signs, a 4-bit scale per 32),
+//! iq3_s (512 points of 4 magnitudes, 8 explicit signs, a 4-bit scale per 32), iq1_s (2048
+//! points of 8 values in -1..1, a shared ±1/8 shift and a 3-bit scale per 32) and iq1_m (the same
+//! grid, a shift sign per 8, a 3-bit scale per 16 and the f16 super-scale spread over the top
+//! nibbles of the scale words).
+//!
+//! As in `qdot`, two paths, each reproducing one of ggml's down to the last bit:
+//! - scalar: ggml's portable code (`ggml-cpu/quants.c`, `ggml_vec_dot_<type>_q8_K_generic`) with
+//!   C's evaluation order and no contraction of `a*b + c` into fused multiply-adds;
+//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`):
+//!   the same exact integer sums in the same 32-bit lanes, the same fused multiply-adds per block
+//!   and the same horizontal reduction. Where gcc contracts a scalar `a*b + c` of that code (iq1_s's
+//!   `accum1 += d*sumi1`, iq1_m's final `hsum1 + IQ1M_DELTA*hsum2`) this does too, and where it
+//!   does not (iq1_s's final `hsum + IQ1S_DELTA*accum1`) neither does this, so the result equals
+//!   that of llama.cpp built by gcc for an AVX2 machine (checked against its `libggml-cpu` in
+//!   `tests/qdot_iq13.rs`).
+//!
+//! The integer arithmetic is exact in both paths (no i16 product pair can saturate: grid
+//! magnitudes are at most 62, activations at most 127); they differ only in how the per-block
+//! float terms are grouped.
 
 use tessera::DType;
+use tessera_quants::iq_grids::{IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 
 use crate::simd::Isa;
 
+const QK_K: usize = 256;
+/// Bytes of one q8_K block: f32 scale, 256 quants, 16 i16 sums of 16.
+const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
+
+/// ggml's `IQ1S_DELTA` and `IQ1M_DELTA`: the shift of the iq1 grid values.
+const IQ1_DELTA: f32 = 0.125;
+
 /// Weight types with an integer kernel here.
-pub fn supported(_t: DType) -> bool {
-    false
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::IQ3XXS | DType::IQ3S | DType::IQ1S | DType::IQ1M)
 }
 
-/// Dot of `nb` blocks of weight type `t` with `nb` blocks of its activation format.
-pub fn vec_dot(_isa: Isa, t: DType, _w: &[u8], _x: &[u8], _nb: usize) -> f32 {
-    unreachable!("no integer kernel for {t} here")
+/// Dot of `nb` blocks of weight type `t` with `nb` q8_K blocks. The scalar path is ggml's
+/// generic code, the AVX2 path (when the CPU has AVX2, FMA and F16C) what llama.cpp's AVX2
+/// build computes.
+///
+/// Panics if `t` is not [`supported`] or a row is shorter than `nb` blocks' worth.
+pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    assert!(supported(t), "qdot_iq13: no integer kernel for {t}");
+    assert!(
+        w.len() >= nb * t.type_size() && x.len() >= nb * Q8_K_SIZE,
+        "qdot_iq13: rows of {} and {} bytes for {nb} blocks of {t}",
+        w.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
+        // blocks of their formats (asserted above), which is all the kernels read.
+        return unsafe { avx2::vec_dot(t, w, x, nb) };
+    }
+    let _ = isa;
+    scalar::vec_dot(t, w, x, nb)
+}
+
+fn f16_bits(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// iq1_m's f16 super-scale: the top nibble of each of the four 16-bit scale words, low first.
+fn iq1m_scale_bits(sc: &[u8]) -> u16 {
+    let w = |j: usize| u16_at(sc, 2 * j);
+    (w(0) >> 12) | ((w(1) >> 8) & 0x00f0) | ((w(2) >> 4) & 0x0f00) | (w(3) & 0xf000)
+}
+
+/// iq3_s grid index of element pair `j` (0..8) of a 32-element sub-block: 8 low bits from `qs`,
+/// the ninth from bit j of the sub-block's `qh` byte.
+fn iq3s_index(qs: u8, qh: u8, j: usize) -> usize {
+    qs as usize | (((qh as usize) << (8 - j)) & 256)
+}
+
+/// iq1_s grid index of group `l` (0..4) of a 32-element sub-block: 8 low bits from `qs`, three
+/// high bits from bits 3l..3l+3 of the sub-block's `qh` word.
+fn iq1s_index(qs: u8, qh: u16, l: usize) -> usize {
+    qs as usize | ((((qh >> (3 * l)) & 7) as usize) << 8)
+}
+
+/// iq1_m grid index of group `l` (0..4) of a 32-element sub-block: three high bits from the low
+/// (l even) or high (l odd) nibble of the sub-block's `qh` byte l/2.
+fn iq1m_index(qs: u8, qh: &[u8], l: usize) -> usize {
+    qs as usize | (((qh[l / 2] as usize) << (8 - 4 * (l % 2))) & 0x700)
+}
+
+/// ggml's generic kernels, one function per type.
+mod scalar {
+    use super::*;
+
+    pub fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let ts = t.type_size();
+        let blocks = w[..nb * ts]
+            .chunks_exact(ts)
+            .zip(x[..nb * Q8_K_SIZE].chunks_exact(Q8_K_SIZE));
+        match t {
+            DType::IQ3XXS => iq3_xxs(blocks),
+            DType::IQ3S => iq3_s(blocks),
+            DType::IQ1S => iq1_s(blocks),
+            DType::IQ1M => iq1_m(blocks),
+            _ => unreachable!("checked by the caller"),
+        }
+    }
+
+    type Blocks<'a> =
+        std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
+
+    /// Σ ±grid·q8 over 8 elements: the magnitudes of two 4-element grid points, `signs` bit j
+    /// negating element j.
+    fn signed_pair(g1: u32, g2: u32, signs: u8, q8: &[u8]) -> i32 {
+        let (g1, g2) = (g1.to_le_bytes(), g2.to_le_bytes());
+        let mut sumi = 0i32;
+        for j in 0..4 {
+            let s1 = if signs & (1 << j) != 0 { -1 } else { 1 };
+            let s2 = if signs & (1 << (j + 4)) != 0 { -1 } else { 1 };
+            sumi += g1[j] as i32 * q8[j] as i8 as i32 * s1;
+            sumi += g2[j] as i32 * q8[j + 4] as i8 as i32 * s2;
+        }
+        sumi
+    }
+
+    /// Σ grid·q8 over the 8 elements of one iq1 grid point (values -1..1).
+    fn grid8(g: u64, q8: &[u8]) -> i32 {
+        g.to_le_bytes()
+            .iter()
+            .zip(q8)
+            .map(|(&g, &q)| g as i8 as i32 * q as i8 as i32)
+            .sum()
+    }
+
+    fn iq3_xxs(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let d = f16_bits(u16_at(wb, 0)) * f32_at(xb, 0);
+            let (q3, gas, q8) = (&wb[2..66], &wb[66..98], &xb[4..4 + QK_K]);
+            let mut bsum = 0i32;
+            for ib in 0..QK_K / 32 {
+                // 4 × 7 sign bits, then the 4-bit scale
+                let aux = u32_at(gas, 4 * ib);
+                let ls = 2 * (aux >> 28) as i32 + 1;
+                let mut sumi = 0i32;
+                for l in 0..4 {
+                    let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+                    let g1 = IQ3XXS_GRID[q3[8 * ib + 2 * l] as usize];
+                    let g2 = IQ3XXS_GRID[q3[8 * ib + 2 * l + 1] as usize];
+                    sumi += signed_pair(g1, g2, signs, &q8[32 * ib + 8 * l..]);
+                }
+                bsum += sumi * ls;
+            }
+            sumf += d * bsum as f32;
+        }
+        0.25 * sumf
+    }
+
+    fn iq3_s(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let d = f16_bits(u16_at(wb, 0)) * f32_at(xb, 0);
+            let (qs, qh, signs) = (&wb[2..66], &wb[66..74], &wb[74..106]);
+            let (scales, q8) = (&wb[106..110], &xb[4..4 + QK_K]);
+            let mut bsum = 0i32;
+            for ib in 0..QK_K / 32 {
+                let ls = 2 * ((scales[ib / 2] >> (4 * (ib % 2))) & 15) as i32 + 1;
+                let mut sumi = 0i32;
+                for l in 0..4 {
+                    let q = &qs[8 * ib + 2 * l..];
+                    let g1 = IQ3S_GRID[iq3s_index(q[0], qh[ib], 2 * l)];
+                    let g2 = IQ3S_GRID[iq3s_index(q[1], qh[ib], 2 * l + 1)];
+                    sumi += signed_pair(g1, g2, signs[4 * ib + l], &q8[32 * ib + 8 * l..]);
+                }
+                bsum += sumi * ls;
+            }
+            sumf += d * bsum as f32;
+        }
+        sumf
+    }
+
+    fn iq1_s(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let (qs, qh, q8) = (&wb[2..34], &wb[34..50], &xb[4..4 + QK_K]);
+            let bsum = |j: usize| i16::from_le_bytes([xb[260 + 2 * j], xb[261 + 2 * j]]) as i32;
+            let (mut sumi, mut sumi1) = (0i32, 0i32);
+            for ib in 0..QK_K / 32 {
+                let h = u16_at(qh, 2 * ib);
+                let ls = 2 * ((h >> 12) & 7) as i32 + 1;
+                let delta = if h & 0x8000 != 0 { -1 } else { 1 };
+                let lsum: i32 = (0..4)
+                    .map(|l| {
+                        let g = IQ1S_GRID[iq1s_index(qs[4 * ib + l], h, l)];
+                        grid8(g, &q8[32 * ib + 8 * l..])
+                    })
+                    .sum();
+                sumi += ls * lsum;
+                sumi1 += ls * delta * (bsum(2 * ib) + bsum(2 * ib + 1));
+            }
+            let s = sumi as f32 + IQ1_DELTA * sumi1 as f32;
+            sumf += f16_bits(u16_at(wb, 0)) * f32_at(xb, 0) * s;
+        }
+        sumf
+    }
+
+    fn iq1_m(blocks: Blocks) -> f32 {
+        let mut sumf = 0f32;
+        for (wb, xb) in blocks {
+            let (qs, qh, sc, q8) = (&wb[0..32], &wb[32..48], &wb[48..56], &xb[4..4 + QK_K]);
+            let (mut sumi1, mut sumi2) = (0i32, 0i32);
+            for ib in 0..QK_K / 32 {
+                let qh = &qh[2 * ib..2 * ib + 2];
+                // the shift's sign per group of 8: bit 3 or 7 of the group's qh nibble
+                let delta = |l: usize| {
+                    if qh[l / 2] & (8 << (4 * (l % 2))) != 0 {
+                        -1
+                    } else {
+                        1
+                    }
+                };
+                let (mut sum1, mut sum2) = ([0i32; 2], [0i32; 2]);
+                for l in 0..4 {
+                    let y = &q8[32 * ib + 8 * l..][..8];
+                    let g = IQ1S_GRID[iq1m_index(qs[4 * ib + l], qh, l)];
+                    let lsum2: i32 = y.iter().map(|&q| q as i8 as i32).sum();
+                    sum1[l / 2] += grid8(g, y);
+                    sum2[l / 2] += lsum2 * delta(l);
+                }
+                let s = u16_at(sc, 2 * (ib / 2)) >> (6 * (ib % 2));
+                let ls1 = 2 * (s & 7) as i32 + 1;
+                let ls2 = 2 * ((s >> 3) & 7) as i32 + 1;
+                sumi1 += sum1[0] * ls1 + sum1[1] * ls2;
+                sumi2 += sum2[0] * ls1 + sum2[1] * ls2;
+            }
+            let s = sumi1 as f32 + IQ1_DELTA * sumi2 as f32;
+            sumf += f16_bits(iq1m_scale_bits(sc)) * f32_at(xb, 0) * s;
+        }
+        sumf
+    }
+}
+
+// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
+// `unsafe` blocks around pure register arithmetic keep the crate's minimum (1.85) building.
+#[cfg(target_arch = "x86_64")]
+#[allow(unused_unsafe)]
+mod avx2 {
+    //! Every kernel reads `nb` blocks behind its two pointers and nothing else; the callers
+    //! guarantee they are there and that the CPU has AVX2, FMA and F16C.
+
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// ggml's `keven_signs_q2xs`: for each 7-bit sign index, 8 bytes of ±1 — byte j is -1 where
+    /// bit j of the even-parity sign byte (`KSIGNS_IQ2XS`: the index plus a parity bit 7) is set.
+    static KEVEN_SIGNS: [u64; 128] = {
+        let mut t = [0u64; 128];
+        let mut i = 0;
+        while i < 128 {
+            let signs = i | (((i as u32).count_ones() as usize & 1) << 7);
+            let mut v = 0u64;
+            let mut j = 0;
+            while j < 8 {
+                let byte: u64 = if signs & (1 << j) != 0 { 0xff } else { 0x01 };
+                v |= byte << (8 * j);
+                j += 1;
+            }
+            t[i] = v;
+            i += 1;
+        }
+        t
+    };
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let (w, x) = (w.as_ptr(), x.as_ptr());
+        // SAFETY: the caller guarantees nb blocks of both formats behind w and x, and the CPU
+        // features every kernel is compiled for.
+        unsafe {
+            match t {
+                DType::IQ3XXS => iq3_xxs(w, x, nb),
+                DType::IQ3S => iq3_s(w, x, nb),
+                DType::IQ1S => iq1_s(w, x, nb),
+                DType::IQ1M => iq1_m(w, x, nb),
+                _ => unreachable!("checked by the caller"),
+            }
+        }
+    }
+
+    /// An f16 bit pattern as f32 (F16C, in registers).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16(bits: u16) -> f32 {
+        // SAFETY: register arithmetic only; F16C is enabled.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))) }
+    }
+
+    /// The little-endian u16 at `p`.
+    #[inline]
+    unsafe fn u16_le(p: *const u8) -> u16 {
+        // SAFETY: two readable bytes at p (caller).
+        unsafe { u16::from_le((p as *const u16).read_unaligned()) }
+    }
+
+    /// The little-endian u32 at `p`.
+    #[inline]
+    unsafe fn u32_le(p: *const u8) -> u32 {
+        // SAFETY: four readable bytes at p (caller).
+        unsafe { u32::from_le((p as *const u32).read_unaligned()) }
+    }
+
+    /// The f32 at `p` (q8_K's scale).
+    #[inline]
+    unsafe fn f32_le(p: *const u8) -> f32 {
+        // SAFETY: four readable bytes at p (caller).
+        unsafe { (p as *const f32).read_unaligned() }
+    }
+
+    /// q8_K's group sum `j` (of 16 quants) of the block at `xb`.
+    #[inline]
+    unsafe fn bsum(xb: *const u8, j: usize) -> i32 {
+        // SAFETY: a q8_K block at xb (caller) and j < 16 (callers).
+        unsafe { u16_le(xb.add(4 + QK_K + 2 * j)) as i16 as i32 }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load256(p: *const u8) -> __m256i {
+        // SAFETY: 32 readable bytes at p (caller).
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+
+    /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+        }
+    }
+
+    /// Signed bytes x·y summed in pairs to i16 (ggml's `mul_add_epi8`): |x| as unsigned times
+    /// y with x's sign.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+    }
+
+    /// Eight iq3 grid points (4 magnitude bytes each), point j in 32-bit lane j.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn grid8x4(g: [u32; 8]) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let g = g.map(|v| v as i32);
+            _mm256_set_epi32(g[7], g[6], g[5], g[4], g[3], g[2], g[1], g[0])
+        }
+    }
+
+    /// Four iq1 grid points (8 bytes in -1..1 each), point j in 64-bit lane j.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn grid4x8(g: [u64; 4]) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe { _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64) }
+    }
+
+    /// iq3_xxs's signs of 32 elements: four 7-bit indices of `a` into ±1 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn even_signs(a: u32) -> __m256i {
+        // SAFETY: register arithmetic only; the indices are masked to 0..128.
+        unsafe {
+            let s = |l: u32| KEVEN_SIGNS[((a >> (7 * l)) & 127) as usize] as i64;
+            _mm256_set_epi64x(s(3), s(2), s(1), s(0))
+        }
+    }
+
+    /// The 32 bits of `s` spread to 32 bytes, as ggml's iq3_s kernel does it (byte b takes
+    /// byte b/8 of `s` by a shuffle, masks bit b%8 and compares): 0xFF where the bit is set, 0
+    /// where not.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bit_mask(s: u32) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let mask1 = _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            );
+            let mask2 = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let v = _mm256_shuffle_epi8(_mm256_set1_epi32(s as i32), mask1);
+            _mm256_cmpeq_epi8(_mm256_and_si256(v, mask2), mask2)
+        }
+    }
+
+    /// iq1_m's shift signs of a 32-element sub-block (its two qh bytes): per group of 8, bytes
+    /// of -1 where the group's sign bit (bit 3 of its nibble) is set, of 1 where not.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq1m_deltas(b0: u8, b1: u8) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let s = |b: u8| {
+                if b & 8 != 0 {
+                    -1i64
+                } else {
+                    0x0101_0101_0101_0101
+                }
+            };
+            _mm256_set_epi64x(s(b1 >> 4), s(b1), s(b0 >> 4), s(b0))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq3_xxs(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); table indices are masked to their sizes.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (wb, xb) = (w.add(i * 98), x.add(i * Q8_K_SIZE));
+                let d = f16(u16_le(wb)) * f32_le(xb);
+                let (mut q3, mut gas, mut q8) = (wb.add(2), wb.add(66), xb.add(4));
+                let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                // two 32-element sub-blocks per step, into separate sums
+                for _ in 0..QK_K / 64 {
+                    let y1 = load256(q8);
+                    let y2 = load256(q8.add(32));
+                    q8 = q8.add(64);
+                    let g1 = grid8x4(std::array::from_fn(|j| IQ3XXS_GRID[*q3.add(j) as usize]));
+                    let g2 = grid8x4(std::array::from_fn(|j| {
+                        IQ3XXS_GRID[*q3.add(8 + j) as usize]
+                    }));
+                    q3 = q3.add(16);
+                    let (a1, a2) = (u32_le(gas), u32_le(gas.add(4)));
+                    gas = gas.add(8);
+                    let dot1 = _mm256_maddubs_epi16(g1, _mm256_sign_epi8(y1, even_signs(a1)));
+                    let dot2 = _mm256_maddubs_epi16(g2, _mm256_sign_epi8(y2, even_signs(a2)));
+                    let ls1 = 2 * (a1 >> 28) as i16 + 1;
+                    let ls2 = 2 * (a2 >> 28) as i16 + 1;
+                    let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1));
+                    let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2));
+                    sumi1 = _mm256_add_epi32(sumi1, p1);
+                    sumi2 = _mm256_add_epi32(sumi2, p2);
+                }
+                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+            }
+            0.25 * hsum(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq3_s(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); grid indices are < 512.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (wb, xb) = (w.add(i * 110), x.add(i * Q8_K_SIZE));
+                let d = f16(u16_le(wb)) * f32_le(xb);
+                let (mut qs, qh, mut signs, mut q8) =
+                    (wb.add(2), wb.add(66), wb.add(74), xb.add(4));
+                let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for ib in (0..QK_K / 32).step_by(2) {
+                    let y1 = load256(q8);
+                    let y2 = load256(q8.add(32));
+                    q8 = q8.add(64);
+                    let (h1, h2) = (*qh.add(ib), *qh.add(ib + 1));
+                    let g1 = grid8x4(std::array::from_fn(|j| {
+                        IQ3S_GRID[iq3s_index(*qs.add(j), h1, j)]
+                    }));
+                    let g2 = grid8x4(std::array::from_fn(|j| {
+                        IQ3S_GRID[iq3s_index(*qs.add(8 + j), h2, j)]
+                    }));
+                    qs = qs.add(16);
+                    let s1 = bit_mask(u32_le(signs));
+                    let s2 = bit_mask(u32_le(signs.add(4)));
+                    signs = signs.add(8);
+                    let y1 = _mm256_sub_epi8(_mm256_xor_si256(s1, y1), s1);
+                    let y2 = _mm256_sub_epi8(_mm256_xor_si256(s2, y2), s2);
+                    let dot1 = _mm256_maddubs_epi16(g1, y1);
+                    let dot2 = _mm256_maddubs_epi16(g2, y2);
+                    let sc = *wb.add(106 + ib / 2) as i16;
+                    let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(2 * (sc & 15) + 1));
+                    let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(2 * (sc >> 4) + 1));
+                    sumi1 = _mm256_add_epi32(sumi1, p1);
+                    sumi2 = _mm256_add_epi32(sumi2, p2);
+                }
+                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+            }
+            hsum(acc)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq1_s(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut acc1 = 0f32;
+            for i in 0..nb {
+                let (wb, xb) = (w.add(i * 50), x.add(i * Q8_K_SIZE));
+                let (mut qs, qh, mut q8) = (wb.add(2), wb.add(34), xb.add(4));
+                let mut sumi = _mm256_setzero_si256();
+                let mut sumi1 = 0i32;
+                for ib in (0..QK_K / 32).step_by(2) {
+                    let (h1, h2) = (u16_le(qh.add(2 * ib)), u16_le(qh.add(2 * ib + 2)));
+                    let g1 = grid4x8(std::array::from_fn(|l| {
+                        IQ1S_GRID[iq1s_index(*qs.add(l), h1, l)]
+                    }));
+                    let g2 = grid4x8(std::array::from_fn(|l| {
+                        IQ1S_GRID[iq1s_index(*qs.add(4 + l), h2, l)]
+                    }));
+                    qs = qs.add(8);
+                    let dot1 = mul_i8_pairs(g1, load256(q8));
+                    let dot2 = mul_i8_pairs(g2, load256(q8.add(32)));
+                    q8 = q8.add(64);
+                    let ls1 = 2 * ((h1 >> 12) & 7) as i16 + 1;
+                    let ls2 = 2 * ((h2 >> 12) & 7) as i16 + 1;
+                    let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1));
+                    let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+                    let delta = |h: u16| if h & 0x8000 != 0 { -1 } else { 1 };
+                    sumi1 += (bsum(xb, 2 * ib) + bsum(xb, 2 * ib + 1)) * delta(h1) * ls1 as i32
+                        + (bsum(xb, 2 * ib + 2) + bsum(xb, 2 * ib + 3)) * delta(h2) * ls2 as i32;
+                }
+                let d = f32_le(xb) * f16(u16_le(wb));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                // gcc fuses ggml's `accum1 += d * sumi1`
+                acc1 = d.mul_add(sumi1 as f32, acc1);
+            }
+            // ... but not the final `hsum + IQ1S_DELTA * accum1`
+            hsum(acc) + IQ1_DELTA * acc1
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq1_m(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048, shuffle indices
+        // < 16.
+        unsafe {
+            let mask = _mm256_set1_epi16(7);
+            let mone = _mm256_set1_epi16(1);
+            let mone8 = _mm256_set1_epi8(1);
+            let mtwo8 = _mm256_set1_epi8(2);
+            // the four scale words shifted by 0 and 6 (low 128 bits: the first and second
+            // sub-block's first scale), 3 and 9 (high: their second scale)
+            let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
+            let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for i in 0..nb {
+                let (wb, xb) = (w.add(i * 56), x.add(i * Q8_K_SIZE));
+                let (mut qs, mut qh, sc, mut q8) = (wb, wb.add(32), wb.add(48), xb.add(4));
+                let sc_bytes = std::slice::from_raw_parts(sc, 8);
+                let scale = f16(iq1m_scale_bits(sc_bytes));
+                let sc64 = (sc as *const i64).read_unaligned();
+                let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64), scales_shift);
+                let scales =
+                    _mm256_add_epi16(_mm256_slli_epi16::<1>(_mm256_and_si256(scales, mask)), mone);
+                // 16-bit word it (then 4 + it) of each half, repeated
+                let mut idx1 = _mm256_set1_epi16(0x0100);
+                let mut idx2 = _mm256_add_epi8(idx1, _mm256_set1_epi8(8));
+                let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for _ in 0..QK_K / 64 {
+                    let qh4 = std::slice::from_raw_parts(qh, 4);
+                    let g1 = grid4x8(std::array::from_fn(|l| {
+                        IQ1S_GRID[iq1m_index(*qs.add(l), &qh4[..2], l)]
+                    }));
+                    let g2 = grid4x8(std::array::from_fn(|l| {
+                        IQ1S_GRID[iq1m_index(*qs.add(4 + l), &qh4[2..], l)]
+                    }));
+                    let (delta1, delta2) = (
+                        iq1m_deltas(*qh, *qh.add(1)),
+                        iq1m_deltas(*qh.add(2), *qh.add(3)),
+                    );
+                    let y1 = load256(q8);
+                    let y2 = load256(q8.add(32));
+                    q8 = q8.add(64);
+                    let dot1 = mul_i8_pairs(g1, y1);
+                    let dot2 = mul_i8_pairs(g2, y2);
+                    let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y1, delta1));
+                    let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y2, delta2));
+                    let scale1 = _mm256_shuffle_epi8(scales, idx1);
+                    let scale2 = _mm256_shuffle_epi8(scales, idx2);
+                    idx1 = _mm256_add_epi8(idx1, mtwo8);
+                    idx2 = _mm256_add_epi8(idx2, mtwo8);
+                    let p1 = _mm256_madd_epi16(dot1, scale1);
+                    let p2 = _mm256_madd_epi16(dot2, scale2);
+                    let p3 = _mm256_madd_epi16(dot3, scale1);
+                    let p4 = _mm256_madd_epi16(dot4, scale2);
+                    sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
+                    sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
+                    qs = qs.add(8);
+                    qh = qh.add(4);
+                }
+                let d = _mm256_set1_ps(f32_le(xb) * scale);
+                acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), acc1);
+                acc2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), acc2);
+            }
+            // gcc fuses ggml's final `hsum1 + IQ1M_DELTA * hsum2` (the same value unless the
+            // product underflows: it is exact otherwise)
+            hsum(acc2).mul_add(IQ1_DELTA, hsum(acc1))
+        }
+    }
 }
