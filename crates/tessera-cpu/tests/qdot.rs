@@ -365,6 +365,18 @@ fn supported_types() {
         assert!(!(TYPES.contains(&t) && elsewhere), "{t} has two kernels");
         assert_eq!(supported(t), TYPES.contains(&t) || elsewhere, "{t}");
     }
+    // every quantized weight type has an integer kernel: here, or (q4_0, q4_1, q8_0) in
+    // matmul_quant; q8_1 and q8_K are only activation formats
+    for t in DType::ALL {
+        if t.is_quantized()
+            && !matches!(
+                t,
+                DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q8_1 | DType::Q8K
+            )
+        {
+            assert!(supported(t), "{t} has no integer kernel");
+        }
+    }
 }
 
 #[test]
