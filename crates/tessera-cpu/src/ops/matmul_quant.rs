@@ -4,11 +4,13 @@
 //! with the weight type (`vec_dot_type`: q8_0, q8_1 or q8_K), all threads sharing the work,
 //! followed by one barrier. Then each thread takes a contiguous range of weight rows and
 //! computes their dot products with every column:
-//! - q4_0 × q8_0, q4_1 × q8_1 and q8_0 × q8_0 have integer kernels (scalar and AVX2:
-//!   `vpmaddubsw` + `vpmaddwd`, block sums exact in integers, one f32 FMA per block);
-//! - every other type dequantizes its weight row into the thread's scratch and takes an f32 dot
-//!   product with the *dequantized* activations — the same products ggml forms, so the result
-//!   differs from ggml's only in the order of float additions.
+//! - q4_0 × q8_0, q4_1 × q8_1 and q8_0 × q8_0 have integer kernels here (scalar and AVX2:
+//!   `vpmaddubsw` + `vpmaddwd`, block sums exact in integers, one f32 FMA per block), with
+//!   four-row and 4×2 / 4×3 tile forms that share activation loads and scale conversions;
+//! - every other type has its integer kernel in `qdot` (and `qdot_iq2`, `qdot_iq13`,
+//!   `qdot_fp`), one row at a time;
+//! - a type without one (none at present) would dequantize its weight row into the thread's
+//!   scratch and take an f32 dot product with the *dequantized* activations.
 
 use tessera::{DType, Result, Tensor};
 
