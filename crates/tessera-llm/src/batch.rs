@@ -33,8 +33,11 @@ use tessera::Backend;
 
 use crate::context::{backend_of, ContextParams, GraphCache};
 use crate::error::{LlmError, Result};
-use crate::graph::{build_batch, BatchShape, KV_PAD};
+use crate::graph::{build_batch, BatchShape};
 use crate::model::Model;
+
+/// Positions per sequence by which a batch's attended cache rows grow (see `eval`).
+pub const BATCH_KV_PAD: usize = 32;
 
 /// Graphs kept planned at once (each batch shape has one); the least recently used is dropped.
 pub const GRAPH_LIMIT: usize = 48;
@@ -177,9 +180,10 @@ impl BatchContext {
             )));
         }
         let n_rows = n_ctx * n_seq;
-        // attended rows grow in steps of KV_PAD positions of every sequence, so that a graph
-        // serves many steps (masked rows are skipped, so the extra ones cost little)
-        let n_kv = n_kv.next_multiple_of(KV_PAD * n_seq).min(n_rows);
+        // attended rows grow in steps of BATCH_KV_PAD positions of every sequence, so that a
+        // graph serves many steps; every query still checks each attended row's mask entry, so
+        // the step is smaller than a single context's KV_PAD (n_seq rows per position)
+        let n_kv = n_kv.next_multiple_of(BATCH_KV_PAD * n_seq).min(n_rows);
         let mut ids = Vec::with_capacity(n_tokens);
         let mut pos = Vec::with_capacity(n_tokens);
         let mut rows = Vec::with_capacity(n_tokens);

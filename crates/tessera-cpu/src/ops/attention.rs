@@ -334,6 +334,10 @@ mod ggml_compat {
                 scale /= r.softcap;
             }
             for ic in 0..r.n_kv {
+                // a -inf entry by its bits first: batches of interleaved sequences mask most rows
+                if r.mask.is_some_and(|m| m.neg_inf_bits(ic)) {
+                    continue;
+                }
                 let mv = match r.mask {
                     Some(m) => r.slope * m.at(ic),
                     None => 0.0,

@@ -93,6 +93,22 @@ pub(crate) struct MaskRow {
 }
 
 impl MaskRow {
+    /// Whether element `i` is `-inf`, read from its bits (no conversion).
+    ///
+    /// # Safety
+    /// The row has more than `i` elements.
+    #[inline(always)]
+    pub unsafe fn neg_inf_bits(self, i: usize) -> bool {
+        // SAFETY: caller's contract.
+        unsafe {
+            if self.f16 {
+                (self.ptr as *const u16).add(i).read_unaligned() == 0xFC00
+            } else {
+                (self.ptr as *const u32).add(i).read_unaligned() == 0xFF80_0000
+            }
+        }
+    }
+
     /// Element `i` as f32.
     ///
     /// # Safety
