@@ -144,102 +144,136 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
     let pf = (4 * a.nb[1]).max(4096);
     let ahead = 4096usize.div_ceil(a.nb[1].max(1)).max(1);
+    // block sizes: about 64 KiB of weight rows (a multiple of 4) against about 128 KiB of
+    // quantized columns (a multiple of 3)
+    let rb = ((64 << 10) / row_bytes.max(1) / 4 * 4).max(4);
+    let cb = ((128 << 10) / l.qrow.max(1) / 3 * 3).max(3);
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
             let d_off = i2 * d.nb[2] + i3 * d.nb[3];
             let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
-            let mut im = rows.start;
-            while im < rows.end {
-                // four rows at a time share each activation load and the scale conversions (the
-                // integer kernels compute every row exactly as the one-row kernel does, so the
-                // split does not matter)
-                let group = if local_kernel(a.dtype) && im + 4 <= rows.end {
-                    4
-                } else {
-                    1
-                };
-                // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
-                // batch is written by this thread only; the quantized columns were finished
-                // before the barrier.
-                unsafe {
-                    let row = |r: usize| {
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
-                    };
-                    if group == 4 {
-                        let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
-                        let qcol = |j: usize| {
-                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+            // cache blocking: a block of this thread's rows (weights kept in L2) against a
+            // block of columns (quantized activations kept in L2); each result is still
+            // computed by the same kernel, so the blocking does not change it
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let r1 = (r0 + rb).min(rows.end);
+                let mut c0 = 0;
+                while c0 < n {
+                    let c1 = (c0 + cb).min(n);
+                    let mut im = r0;
+                    while im < r1 {
+                        // four rows at a time share each activation load and the scale conversions (the
+                        // integer kernels compute every row exactly as the one-row kernel does, so the
+                        // split does not matter)
+                        let group = if local_kernel(a.dtype) && im + 4 <= r1 {
+                            4
+                        } else {
+                            1
                         };
-                        let mut j = 0;
-                        // three (then two) columns at a time share each unpacked weight block (each
-                        // result computed exactly as the one-row, one-column kernel does)
-                        while j + 3 <= n {
-                            let v = vec_dot_4x3(
-                                ctx.isa,
-                                a.dtype,
-                                ws,
-                                [qcol(j), qcol(j + 1), qcol(j + 2)],
-                                k,
-                            );
-                            for (c, col) in v.iter().enumerate() {
-                                let out =
-                                    ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
-                                for (r, &x) in col.iter().enumerate() {
-                                    *out.add(r) = x;
-                                }
-                            }
-                            j += 3;
-                        }
-                        while j + 2 <= n {
-                            let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
-                            for (c, col) in v.iter().enumerate() {
-                                let out =
-                                    ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
-                                for (r, &x) in col.iter().enumerate() {
-                                    *out.add(r) = x;
-                                }
-                            }
-                            j += 2;
-                        }
-                        while j < n {
-                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
-                            let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
-                            for (r, &x) in v.iter().enumerate() {
-                                *out.add(r) = x;
-                            }
-                            j += 1;
-                        }
-                    } else {
-                        let arow = row(im);
-                        // the row `ahead` rows on, a few KiB away, into the cache while this one
-                        // is computed (a single core streams from memory only with enough misses
-                        // in flight; the one-row kernels have no prefetch of their own)
-                        if im + ahead < rows.end {
-                            prefetch_row(ctx.src[0].add(a_off + (im + ahead) * a.nb[1]), row_bytes);
-                        }
-                        if !has_int_kernel(a.dtype) {
-                            tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
-                                .map_err(|e| ctx.err(e.to_string()))?;
-                        }
-                        for j in 0..n {
-                            let col = col0 + j;
-                            let v = if has_int_kernel(a.dtype) {
-                                let q =
-                                    std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
-                                vec_dot(ctx.isa, a.dtype, arow, q, k)
-                            } else {
-                                let act = std::slice::from_raw_parts(
-                                    (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
-                                    k,
-                                );
-                                dot_f32(ctx.isa, tmp, act)
+                        // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
+                        // batch is written by this thread only; the quantized columns were finished
+                        // before the barrier.
+                        unsafe {
+                            let row = |r: usize| {
+                                std::slice::from_raw_parts(
+                                    ctx.src[0].add(a_off + r * a.nb[1]),
+                                    row_bytes,
+                                )
                             };
-                            *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                            if group == 4 {
+                                let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
+                                let qcol = |j: usize| {
+                                    std::slice::from_raw_parts(
+                                        ctx.wdata.add((col0 + j) * l.qrow),
+                                        l.qrow,
+                                    )
+                                };
+                                let mut j = c0;
+                                // three (then two) columns at a time share each unpacked weight block (each
+                                // result computed exactly as the one-row, one-column kernel does)
+                                while j + 3 <= c1 {
+                                    let v = vec_dot_4x3(
+                                        ctx.isa,
+                                        a.dtype,
+                                        ws,
+                                        [qcol(j), qcol(j + 1), qcol(j + 2)],
+                                        k,
+                                    );
+                                    for (c, col) in v.iter().enumerate() {
+                                        let out = ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4)
+                                            as *mut f32;
+                                        for (r, &x) in col.iter().enumerate() {
+                                            *out.add(r) = x;
+                                        }
+                                    }
+                                    j += 3;
+                                }
+                                while j + 2 <= c1 {
+                                    let v = vec_dot_4x2(
+                                        ctx.isa,
+                                        a.dtype,
+                                        ws,
+                                        [qcol(j), qcol(j + 1)],
+                                        k,
+                                    );
+                                    for (c, col) in v.iter().enumerate() {
+                                        let out = ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4)
+                                            as *mut f32;
+                                        for (r, &x) in col.iter().enumerate() {
+                                            *out.add(r) = x;
+                                        }
+                                    }
+                                    j += 2;
+                                }
+                                while j < c1 {
+                                    let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
+                                    let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
+                                    for (r, &x) in v.iter().enumerate() {
+                                        *out.add(r) = x;
+                                    }
+                                    j += 1;
+                                }
+                            } else {
+                                let arow = row(im);
+                                // the row `ahead` rows on, a few KiB away, into the cache while this one
+                                // is computed (a single core streams from memory only with enough misses
+                                // in flight; the one-row kernels have no prefetch of their own)
+                                if c0 == 0 && im + ahead < rows.end {
+                                    prefetch_row(
+                                        ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
+                                        row_bytes,
+                                    );
+                                }
+                                if !has_int_kernel(a.dtype) {
+                                    tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
+                                        .map_err(|e| ctx.err(e.to_string()))?;
+                                }
+                                for j in c0..c1 {
+                                    let col = col0 + j;
+                                    let v = if has_int_kernel(a.dtype) {
+                                        let q = std::slice::from_raw_parts(
+                                            ctx.wdata.add(col * l.qrow),
+                                            l.qrow,
+                                        );
+                                        vec_dot(ctx.isa, a.dtype, arow, q, k)
+                                    } else {
+                                        let act = std::slice::from_raw_parts(
+                                            (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
+                                            k,
+                                        );
+                                        dot_f32(ctx.isa, tmp, act)
+                                    };
+                                    *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                                }
+                            }
                         }
+                        im += group;
                     }
+                    c0 = c1;
                 }
-                im += group;
+                r0 = r1;
             }
         }
     }

@@ -98,24 +98,29 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     scalar::vec_dot(t, w, x, nb)
 }
 
+#[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
+#[inline(always)]
 fn f32_at(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+#[inline(always)]
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+#[inline(always)]
 fn i16_at(b: &[u8], at: usize) -> i32 {
     i16::from_le_bytes([b[at], b[at + 1]]) as i32
 }
 
 /// The 6-bit scales and mins of q4_K / q5_K (12 bytes) unpacked to 8 scales then 8 mins, as
 /// ggml's `utmp` shuffle does, in four little-endian words.
+#[inline(always)]
 fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
     const M1: u32 = 0x3f3f_3f3f;
     const M2: u32 = 0x0f0f_0f0f;
@@ -131,6 +136,7 @@ fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
 
 /// The 16 6-bit scales of q3_K (12 bytes), unpacked but not yet re-centred (0..63), in four
 /// little-endian words.
+#[inline(always)]
 fn q3k_scales(s: &[u8]) -> [u32; 4] {
     const M1: u32 = 0x0303_0303;
     const M2: u32 = 0x0f0f_0f0f;
@@ -144,6 +150,7 @@ fn q3k_scales(s: &[u8]) -> [u32; 4] {
 }
 
 /// Four little-endian words as 16 bytes.
+#[inline(always)]
 fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (o, w) in out.chunks_exact_mut(4).zip(w) {
