@@ -250,7 +250,32 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                                     tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
                                         .map_err(|e| ctx.err(e.to_string()))?;
                                 }
-                                for j in c0..c1 {
+                                let mut j0 = c0;
+                                // four columns at a time share the weight row's unpacking
+                                // (each result bit-identical to the one-column kernel's)
+                                if super::qdot_tiles::supported(a.dtype) {
+                                    let qcol = |j: usize| {
+                                        std::slice::from_raw_parts(
+                                            ctx.wdata.add((col0 + j) * l.qrow),
+                                            l.qrow,
+                                        )
+                                    };
+                                    while j0 + 4 <= c1 {
+                                        let v = super::qdot_tiles::vec_dot_1x4(
+                                            ctx.isa,
+                                            a.dtype,
+                                            arow,
+                                            [qcol(j0), qcol(j0 + 1), qcol(j0 + 2), qcol(j0 + 3)],
+                                            k,
+                                        );
+                                        for (c, &x) in v.iter().enumerate() {
+                                            *(ctx.dst.add(d_off + (j0 + c) * d.nb[1] + im * 4)
+                                                as *mut f32) = x;
+                                        }
+                                        j0 += 4;
+                                    }
+                                }
+                                for j in j0..c1 {
                                     let col = col0 + j;
                                     let v = if has_int_kernel(a.dtype) {
                                         let q = std::slice::from_raw_parts(
