@@ -24,6 +24,13 @@ use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
 use tessera_cpu::ops::qdot::{supported, vec_dot};
 use tessera_cpu::Isa;
 
+mod qdot_common;
+use qdot_common::*;
+
+fn fixture() -> Vec<Case> {
+    parse_fixture(include_bytes!("data/qdot_ggml.bin"))
+}
+
 const TYPES: [DType; 11] = [
     DType::Q5_0,
     DType::Q5_1,
@@ -37,66 +44,6 @@ const TYPES: [DType; 11] = [
     DType::TQ1_0,
     DType::TQ2_0,
 ];
-
-struct Case {
-    t: DType,
-    k: usize,
-    pattern: u32,
-    w: Vec<u8>,
-    x: Vec<u8>,
-    avx2: f32,
-    generic: f32,
-}
-
-fn fixture() -> Vec<Case> {
-    let b: &[u8] = include_bytes!("data/qdot_ggml.bin");
-    assert_eq!(&b[0..8], b"QDOTFIX1");
-    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
-    let count = u32_at(8) as usize;
-    let mut p = 12;
-    let mut cases = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (id, k, pattern, wl, xl) = (
-            u32_at(p),
-            u32_at(p + 4) as usize,
-            u32_at(p + 8),
-            u32_at(p + 12) as usize,
-            u32_at(p + 16) as usize,
-        );
-        p += 20;
-        let w = b[p..p + wl].to_vec();
-        let x = b[p + wl..p + wl + xl].to_vec();
-        p += wl + xl;
-        let avx2 = f32::from_bits(u32_at(p));
-        let generic = f32::from_bits(u32_at(p + 4));
-        p += 8;
-        let t = DType::from_id(id).expect("known type");
-        assert_eq!(w.len(), t.row_size(k).unwrap());
-        assert_eq!(x.len(), vec_dot_type(t).row_size(k).unwrap());
-        cases.push(Case {
-            t,
-            k,
-            pattern,
-            w,
-            x,
-            avx2,
-            generic,
-        });
-    }
-    assert_eq!(p, b.len());
-    cases
-}
-
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
 
 #[test]
 fn fixture_covers_every_type() {
@@ -150,51 +97,6 @@ fn scalar_is_bit_exact_with_ggml_generic() {
 
 // ---- tolerance checks on rows quantized here ----
 
-fn rng(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        // roughly normal: sum of four uniforms, centred
-        let u = |v: u64| (v & 0xffff) as f32 / 65536.0;
-        (u(s) + u(s >> 16) + u(s >> 32) + u(s >> 48) - 2.0) * 1.7
-    }
-}
-
-/// Weight and activation rows of `k` values for pattern `p`.
-// `is_multiple_of` is newer than the workspace's minimum Rust version.
-#[allow(clippy::manual_is_multiple_of)]
-fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut g = rng(seed);
-    let mut h = rng(seed ^ 0xabcdef);
-    let alt = |i: usize, v: f32| if i % 2 == 0 { v } else { -v };
-    (0..k)
-        .map(|i| {
-            let (a, b) = (g(), h());
-            match p {
-                0 => (a, b),
-                1 => (a * (2.0 * g()).exp(), b * (2.0 * h()).exp()), // mixed magnitudes
-                2 => (0.0, b),                                       // zero weights
-                3 => (a, 0.0),                                       // zero activations
-                4 => (0.5, -1.25),                                   // constants
-                5 => (a * 1e4, b * 1e-5),                            // huge × tiny
-                6 => (a * 1e-6, b * 3e3),                            // tiny × huge
-                7 => (alt(i, 3.0), alt(i, 1.0)),                     // alternating, same phase
-                8 => (alt(i, 3.0), alt(i + 1, 1.0)),                 // opposite phase
-                9 => (
-                    if i == 37 { 100.0 } else { a },
-                    if i == k - 5 { -80.0 } else { b },
-                ), // outliers
-                10 => ((a * 1.5).round().clamp(-1.0, 1.0) * 0.7, b), // ternary weights
-                _ => (a + 4.0, b.abs() + 1.0),                       // all positive, offset
-            }
-        })
-        .unzip()
-}
-
-const PATTERNS: usize = 12;
-
 struct Rows {
     w: Vec<u8>,
     x: Vec<u8>,
@@ -210,12 +112,6 @@ struct Rows {
     /// f16(d)·Σq, as ggml's kernel does (that gap is the quantization format's, not the
     /// kernel's: with d in f16's subnormal range it reaches several per cent of the min term).
     exact: f64,
-}
-
-fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
-    let mut v = vec![0f32; k];
-    tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
-    v
 }
 
 /// Offsets in a weight block of the scale and of the min's scale, for the types with mins.

@@ -25,74 +25,21 @@
 //! the activation row, f32 `avx2`, f32 `generic`.
 
 use tessera::DType;
-use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
+use tessera_cpu::ops::matmul_quant::quantize_activations;
 use tessera_cpu::ops::qdot::vec_dot;
 use tessera_cpu::Isa;
+
+mod qdot_common;
+use qdot_common::*;
+
+fn fixture() -> Vec<Case> {
+    parse_fixture(include_bytes!("data/qdot_ggml_iq13.bin"))
+}
 
 const TYPES: [DType; 4] = [DType::IQ3XXS, DType::IQ3S, DType::IQ1S, DType::IQ1M];
 
 /// Bytes of one q8_K block.
 const Q8_K_SIZE: usize = 292;
-
-struct Case {
-    t: DType,
-    k: usize,
-    pattern: u32,
-    w: Vec<u8>,
-    x: Vec<u8>,
-    avx2: f32,
-    generic: f32,
-}
-
-fn fixture() -> Vec<Case> {
-    let b: &[u8] = include_bytes!("data/qdot_ggml_iq13.bin");
-    assert_eq!(&b[0..8], b"QDOTFIX1");
-    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
-    let count = u32_at(8) as usize;
-    let mut p = 12;
-    let mut cases = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (id, k, pattern, wl, xl) = (
-            u32_at(p),
-            u32_at(p + 4) as usize,
-            u32_at(p + 8),
-            u32_at(p + 12) as usize,
-            u32_at(p + 16) as usize,
-        );
-        p += 20;
-        let w = b[p..p + wl].to_vec();
-        let x = b[p + wl..p + wl + xl].to_vec();
-        p += wl + xl;
-        let avx2 = f32::from_bits(u32_at(p));
-        let generic = f32::from_bits(u32_at(p + 4));
-        p += 8;
-        let t = DType::from_id(id).expect("known type");
-        assert_eq!(w.len(), t.row_size(k).unwrap());
-        assert_eq!(x.len(), vec_dot_type(t).row_size(k).unwrap());
-        cases.push(Case {
-            t,
-            k,
-            pattern,
-            w,
-            x,
-            avx2,
-            generic,
-        });
-    }
-    assert_eq!(p, b.len());
-    cases
-}
-
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
 
 #[test]
 fn fixture_covers_every_type() {
@@ -160,12 +107,6 @@ fn scalar_is_bit_exact_with_ggml_generic() {
 
 // ---- tolerance checks on rows quantized here ----
 
-fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
-    let mut v = vec![0f32; k];
-    tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
-    v
-}
-
 /// The exact (f64) dot product of the dequantized rows and Σ|w_i·x_i|, the size the kernels'
 /// roundings are relative to. iq1's weights are d·s·(g + δ) with g in -1..1 and δ = ±1/8, and
 /// the kernels sum the g and δ parts separately: their partial sums are bounded by
@@ -187,49 +128,6 @@ fn exact_and_mag(t: DType, w: &[u8], x: &[u8], k: usize) -> (f64, f64) {
     };
     (exact, factor * mag)
 }
-
-fn rng(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        // roughly normal: sum of four uniforms, centred
-        let u = |v: u64| (v & 0xffff) as f32 / 65536.0;
-        (u(s) + u(s >> 16) + u(s >> 32) + u(s >> 48) - 2.0) * 1.7
-    }
-}
-
-/// Weight and activation rows of `k` values for pattern `p`.
-fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut g = rng(seed);
-    let mut h = rng(seed ^ 0xabcdef);
-    let alt = |i: usize, v: f32| if i % 2 == 0 { v } else { -v };
-    (0..k)
-        .map(|i| {
-            let (a, b) = (g(), h());
-            match p {
-                0 => (a, b),
-                1 => (a * (2.0 * g()).exp(), b * (2.0 * h()).exp()), // mixed magnitudes
-                2 => (0.0, b),                                       // zero weights
-                3 => (a, 0.0),                                       // zero activations
-                4 => (0.5, -1.25),                                   // constants
-                5 => (a * 1e4, b * 1e-5),                            // huge × tiny
-                6 => (a * 1e-6, b * 3e3),                            // tiny × huge
-                7 => (alt(i, 3.0), alt(i, 1.0)),                     // alternating, same phase
-                8 => (alt(i, 3.0), alt(i + 1, 1.0)),                 // opposite phase
-                9 => (
-                    if i == 37 { 100.0 } else { a },
-                    if i == k - 5 { -80.0 } else { b },
-                ), // outliers
-                10 => ((a * 1.5).round().clamp(-1.0, 1.0) * 0.7, b), // ternary weights
-                _ => (a + 4.0, b.abs() + 1.0),                       // all positive, offset
-            }
-        })
-        .unzip()
-}
-
-const PATTERNS: usize = 12;
 
 /// Weight row of type `t` and q8_K row quantized here (iq1_s with an importance matrix, as
 /// ggml requires; the others with one on odd patterns).
@@ -306,18 +204,6 @@ fn avx2_matches_scalar() {
             }
         }
     }
-}
-
-fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 32) as u8
-        })
-        .collect()
 }
 
 /// Random block bytes (every grid index, sign, scale and shift bit) with super-scales in

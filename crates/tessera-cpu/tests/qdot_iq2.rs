@@ -27,73 +27,14 @@ use tessera_cpu::ops::qdot::vec_dot;
 use tessera_cpu::ops::qdot_iq2::supported;
 use tessera_cpu::Isa;
 
-const TYPES: [DType; 3] = [DType::IQ2XXS, DType::IQ2XS, DType::IQ2S];
-
-struct Case {
-    t: DType,
-    k: usize,
-    pattern: u32,
-    w: Vec<u8>,
-    x: Vec<u8>,
-    avx2: f32,
-    generic: f32,
-}
+mod qdot_common;
+use qdot_common::*;
 
 fn fixture() -> Vec<Case> {
-    let b: &[u8] = include_bytes!("data/qdot_ggml_iq2.bin");
-    assert_eq!(&b[0..8], b"QDOTFIX1");
-    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
-    let count = u32_at(8) as usize;
-    let mut p = 12;
-    let mut cases = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (id, k, pattern, wl, xl) = (
-            u32_at(p),
-            u32_at(p + 4) as usize,
-            u32_at(p + 8),
-            u32_at(p + 12) as usize,
-            u32_at(p + 16) as usize,
-        );
-        p += 20;
-        let w = b[p..p + wl].to_vec();
-        let x = b[p + wl..p + wl + xl].to_vec();
-        p += wl + xl;
-        let avx2 = f32::from_bits(u32_at(p));
-        let generic = f32::from_bits(u32_at(p + 4));
-        p += 8;
-        let t = DType::from_id(id).expect("known type");
-        assert_eq!(w.len(), t.row_size(k).unwrap());
-        assert_eq!(x.len(), DType::Q8K.row_size(k).unwrap());
-        cases.push(Case {
-            t,
-            k,
-            pattern,
-            w,
-            x,
-            avx2,
-            generic,
-        });
-    }
-    assert_eq!(p, b.len());
-    cases
+    parse_fixture(include_bytes!("data/qdot_ggml_iq2.bin"))
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
-    let mut v = vec![0f32; k];
-    tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
-    v
-}
+const TYPES: [DType; 3] = [DType::IQ2XXS, DType::IQ2XS, DType::IQ2S];
 
 /// The exact (f64) dot product of the dequantized rows and Σ|w_i·x_i|, the size every rounding
 /// of either path is relative to.
@@ -208,30 +149,6 @@ fn fixture_matches_exact_dot() {
 
 // ---- tolerance checks on rows made here ----
 
-fn rng(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        // roughly normal: sum of four uniforms, centred
-        let u = |v: u64| (v & 0xffff) as f32 / 65536.0;
-        (u(s) + u(s >> 16) + u(s >> 32) + u(s >> 48) - 2.0) * 1.7
-    }
-}
-
-fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 32) as u8
-        })
-        .collect()
-}
-
 /// Weight and activation rows of `k` values for pattern `p`.
 fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut g = rng(seed);
@@ -260,8 +177,6 @@ fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
         })
         .unzip()
 }
-
-const PATTERNS: usize = 12;
 
 /// A weight row quantized here (with a positive importance matrix) and a q8_K activation row.
 fn quantized_rows(t: DType, p: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
