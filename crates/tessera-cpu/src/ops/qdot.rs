@@ -472,7 +472,7 @@ mod scalar {
 // `unsafe` blocks around pure register arithmetic keep the crate's minimum (1.85) building.
 #[cfg(target_arch = "x86_64")]
 #[allow(unused_unsafe)]
-mod avx2 {
+pub(crate) mod avx2 {
     //! Every kernel reads `nb` blocks behind its two pointers and nothing else; the callers
     //! guarantee they are there and that the CPU has AVX2, FMA and F16C.
 
@@ -560,7 +560,7 @@ mod avx2 {
     /// One f16 at `p` as f32 (F16C, in registers).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16(p: *const u8) -> f32 {
+    pub(crate) unsafe fn f16(p: *const u8) -> f32 {
         // SAFETY: two readable bytes at p (caller); F16C is enabled.
         unsafe {
             let bits = (p as *const u16).read_unaligned();
@@ -570,21 +570,21 @@ mod avx2 {
 
     /// The f32 at `p` (q8_K's scale).
     #[inline]
-    unsafe fn f32_le(p: *const u8) -> f32 {
+    pub(crate) unsafe fn f32_le(p: *const u8) -> f32 {
         // SAFETY: four readable bytes at p (caller).
         unsafe { (p as *const f32).read_unaligned() }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load256(p: *const u8) -> __m256i {
+    pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
         // SAFETY: 32 readable bytes at p (caller).
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load128(p: *const u8) -> __m128i {
+    pub(crate) unsafe fn load128(p: *const u8) -> __m128i {
         // SAFETY: 16 readable bytes at p (caller).
         unsafe { _mm_loadu_si128(p as *const __m128i) }
     }
@@ -592,7 +592,7 @@ mod avx2 {
     /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(crate) unsafe fn hsum(v: __m256) -> f32 {
         // SAFETY: register arithmetic only.
         unsafe {
             let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
@@ -647,7 +647,7 @@ mod avx2 {
     /// y with x's sign.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+    pub(crate) unsafe fn mul_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
     }

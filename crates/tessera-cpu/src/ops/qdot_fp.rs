@@ -203,6 +203,9 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
+    // the helpers the integer kernels share
+    use crate::ops::qdot::avx2::{f16, hsum, load128, load256};
+
     use super::*;
 
     /// Whether this CPU runs the AVX2 kernels (std caches the answer).
@@ -224,43 +227,6 @@ mod avx2 {
                 DType::Q1_0 => q1_0(w, x, nb),
                 _ => unreachable!("checked by the caller"),
             }
-        }
-    }
-
-    /// One f16 at `p` as f32 (F16C, in registers).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16(p: *const u8) -> f32 {
-        // SAFETY: two readable bytes at p (caller); F16C is enabled.
-        unsafe {
-            let bits = (p as *const u16).read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load256(p: *const u8) -> __m256i {
-        // SAFETY: 32 readable bytes at p (caller).
-        unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load128(p: *const u8) -> __m128i {
-        // SAFETY: 16 readable bytes at p (caller).
-        unsafe { _mm_loadu_si128(p as *const __m128i) }
-    }
-
-    /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
         }
     }
 

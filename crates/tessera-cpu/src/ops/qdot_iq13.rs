@@ -262,6 +262,9 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
+    // the helpers the integer kernels share
+    use crate::ops::qdot::avx2::{f32_le, hsum, load256, mul_i8_pairs};
+
     use super::*;
 
     /// Whether this CPU runs the AVX2 kernels (std caches the answer).
@@ -329,46 +332,11 @@ mod avx2 {
         unsafe { u32::from_le((p as *const u32).read_unaligned()) }
     }
 
-    /// The f32 at `p` (q8_K's scale).
-    #[inline]
-    unsafe fn f32_le(p: *const u8) -> f32 {
-        // SAFETY: four readable bytes at p (caller).
-        unsafe { (p as *const f32).read_unaligned() }
-    }
-
     /// q8_K's group sum `j` (of 16 quants) of the block at `xb`.
     #[inline]
     unsafe fn bsum(xb: *const u8, j: usize) -> i32 {
         // SAFETY: a q8_K block at xb (caller) and j < 16 (callers).
         unsafe { u16_le(xb.add(4 + QK_K + 2 * j)) as i16 as i32 }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load256(p: *const u8) -> __m256i {
-        // SAFETY: 32 readable bytes at p (caller).
-        unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-
-    /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-        }
-    }
-
-    /// Signed bytes x·y summed in pairs to i16 (ggml's `mul_add_epi8`): |x| as unsigned times
-    /// y with x's sign.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
-        // SAFETY: register arithmetic only.
-        unsafe { _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
     }
 
     /// Eight iq3 grid points (4 magnitude bytes each), point j in 32-bit lane j.

@@ -178,6 +178,9 @@ mod avx2 {
 
     use std::arch::x86_64::*;
 
+    // the helpers the integer kernels share
+    use crate::ops::qdot::avx2::{f16, f32_le, hsum, load128, load256};
+
     use super::*;
 
     /// Whether this CPU runs the AVX2 kernels (std caches the answer).
@@ -305,43 +308,11 @@ mod avx2 {
         }
     }
 
-    /// One f16 at `p` as f32 (F16C, in registers).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16(p: *const u8) -> f32 {
-        // SAFETY: two readable bytes at p (caller); F16C is enabled.
-        unsafe {
-            let bits = (p as *const u16).read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-        }
-    }
-
-    /// The f32 at `p` (q8_K's scale).
-    #[inline]
-    unsafe fn f32_le(p: *const u8) -> f32 {
-        // SAFETY: four readable bytes at p (caller).
-        unsafe { (p as *const f32).read_unaligned() }
-    }
-
     /// The u16 at `p`.
     #[inline]
     unsafe fn u16_le(p: *const u8) -> usize {
         // SAFETY: two readable bytes at p (caller).
         unsafe { (p as *const u16).read_unaligned() as usize }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load256(p: *const u8) -> __m256i {
-        // SAFETY: 32 readable bytes at p (caller).
-        unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load128(p: *const u8) -> __m128i {
-        // SAFETY: 16 readable bytes at p (caller).
-        unsafe { _mm_loadu_si128(p as *const __m128i) }
     }
 
     /// Four u64 table entries as one vector, the first in the lowest lane.
@@ -350,18 +321,6 @@ mod avx2 {
     unsafe fn four(a: u64, b: u64, c: u64, d: u64) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe { _mm256_set_epi64x(d as i64, c as i64, b as i64, a as i64) }
-    }
-
-    /// ggml's `hsum_float_8`: high half + low half, then the two 64-bit halves, then the pair.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
