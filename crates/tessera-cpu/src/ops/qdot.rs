@@ -505,7 +505,7 @@ pub(crate) mod avx2 {
     };
 
     /// `get_scale_shuffle_k4`: row i broadcasts 16-bit scale i.
-    static SHUF_K4: [[u8; 32]; 8] = {
+    pub(crate) static SHUF_K4: [[u8; 32]; 8] = {
         let mut t = [[0u8; 32]; 8];
         let mut i = 0;
         while i < 8 {
@@ -520,7 +520,7 @@ pub(crate) mod avx2 {
     };
 
     /// `get_scale_shuffle`: row i spreads byte 2i over bytes 0..8 and byte 2i+1 over 8..16.
-    static SHUF_Q6K: [[u8; 16]; 8] = {
+    pub(crate) static SHUF_Q6K: [[u8; 16]; 8] = {
         let mut t = [[0u8; 16]; 8];
         let mut i = 0;
         while i < 8 {
@@ -655,7 +655,7 @@ pub(crate) mod avx2 {
     /// The same 8 16-bit values (half `H` of `v`) in both 128-bit halves.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn both_halves<const H: i32>(v: __m256i) -> __m256i {
+    pub(crate) unsafe fn both_halves<const H: i32>(v: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe {
             let h = _mm256_extracti128_si256::<H>(v);

@@ -1,16 +1,311 @@
-//! One weight row against several activation columns at once for the k-quants (not written
-//! yet): each result must equal `qdot::vec_dot` for that column bit for bit.
+//! One weight row against four activation columns at once for the k-quants (q4_K, q5_K, q6_K):
+//! the weight-side integer work of a block (unpacking the nibbles and high bits, decoding and
+//! shuffling the 6-bit scales) is done once and shared by the four columns.
+//!
+//! Each of the four results equals `qdot::vec_dot` for that column alone bit for bit: the
+//! integer partial sums of a column land in the same 32-bit lanes as in the one-column AVX2
+//! kernel (they are exact, so only the lane matters), and the float operations of a column (the
+//! per-block `d`, `dmin`, the fused multiply-adds into its accumulators, the final horizontal
+//! sums) are the same operations in the same order, just kept in four accumulators. Other ISAs
+//! and types fall back to four calls of `qdot::vec_dot`.
 
 use tessera::DType;
 
 use crate::simd::Isa;
 
+const QK_K: usize = 256;
+/// Bytes of one q8_K block.
+const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
+
 /// Weight types with a one-row, four-column kernel here.
-pub fn supported(_t: DType) -> bool {
-    false
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
 /// `qdot::vec_dot(isa, t, w, x[c], k)` for the four columns `x`.
+///
+/// Panics as `qdot::vec_dot` does: if `k` is not a multiple of `t`'s block size or a row is
+/// shorter than `k` elements of its format.
+// `is_multiple_of` is newer than the workspace's minimum Rust version.
+#[allow(clippy::manual_is_multiple_of)]
 pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f32; 4] {
+    if !supported(t) {
+        return x.map(|c| super::qdot::vec_dot(isa, t, w, c, k));
+    }
+    let bs = t.block_size();
+    assert!(
+        k % bs == 0,
+        "qdot_tiles: {k} elements are not whole {t} blocks of {bs}"
+    );
+    let nb = k / bs;
+    for c in &x {
+        assert!(
+            w.len() >= nb * t.type_size() && c.len() >= nb * Q8_K_SIZE,
+            "qdot_tiles: rows of {} and {} bytes for {k} elements of {t}",
+            w.len(),
+            c.len()
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+        let xp = x.map(|c| c.as_ptr());
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w holds at least nb
+        // weight blocks and every column at least nb q8_K blocks (asserted above), which is all
+        // the kernels read.
+        return unsafe {
+            match t {
+                DType::Q4K => avx2::q4_k(w.as_ptr(), xp, nb),
+                DType::Q5K => avx2::q5_k(w.as_ptr(), xp, nb),
+                DType::Q6K => avx2::q6_k(w.as_ptr(), xp, nb),
+                _ => unreachable!("checked by supported"),
+            }
+        };
+    }
     x.map(|c| super::qdot::vec_dot(isa, t, w, c, k))
+}
+
+#[cfg(target_arch = "x86_64")]
+// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+#[allow(unused_unsafe)]
+mod avx2 {
+    //! Copies of `qdot`'s AVX2 helpers (identical arithmetic) and the four-column kernels.
+    //! Every kernel reads `nb` blocks behind its pointers and nothing else; the caller
+    //! guarantees they are there and that the CPU has AVX2, FMA and F16C.
+
+    use std::arch::x86_64::*;
+
+    // the helpers and tables the one-column kernels use, shared
+    use crate::ops::qdot::avx2::{
+        both_halves, f16, f32_le, hsum, load128, load256, SHUF_K4, SHUF_Q6K,
+    };
+
+    use super::{Q8_K_SIZE, QK_K};
+
+    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// The 6-bit scales and mins of q4_K / q5_K (12 bytes at `s`) unpacked to 8 scales then 8
+    /// mins as 16 u16 lanes (ggml's `utmp` shuffle, then `cvtepu8_epi16`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k4_scales_mins(s: *const u8) -> __m256i {
+        const M1: u32 = 0x3f3f_3f3f;
+        const M2: u32 = 0x0f0f_0f0f;
+        const M3: u32 = 0x0303_0303;
+        // SAFETY: 12 readable bytes at s (caller).
+        unsafe {
+            let rd = |o: usize| (s.add(o) as *const u32).read_unaligned();
+            let (u0, u1, u2) = (rd(0), rd(4), rd(8));
+            let w0 = u0 & M1;
+            let w1 = (u2 & M2) | (((u0 >> 6) & M3) << 4);
+            let w2 = u1 & M1;
+            let w3 = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
+            _mm256_cvtepu8_epi16(_mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32))
+        }
+    }
+
+    /// A q8_K block's group sums added in pairs, one per 32 elements (8 i16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_group_sums(xb: *const u8) -> __m128i {
+        // SAFETY: one q8_K block at xb (caller).
+        unsafe {
+            let bsums = load256(xb.add(4 + QK_K));
+            _mm_hadd_epi16(
+                _mm256_extracti128_si256::<0>(bsums),
+                _mm256_extracti128_si256::<1>(bsums),
+            )
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q4_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
+        unsafe {
+            let m4 = _mm256_set1_epi8(15);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc_m = [_mm_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 144);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let (wd, wmin) = (f16(wb), f16(wb.add(2)));
+                let sm = k4_scales_mins(wb.add(4));
+                let mins = _mm256_extracti128_si256::<1>(sm);
+                let mut d = [0f32; 4];
+                for c in 0..4 {
+                    let yd = f32_le(xb[c]);
+                    d[c] = yd * wd;
+                    let dmin = -yd * wmin;
+                    let prod = _mm_madd_epi16(mins, q8_group_sums(xb[c]));
+                    acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+                }
+                let scales = both_halves::<0>(sm);
+                let q4 = wb.add(16);
+                let mut sumi = [_mm256_setzero_si256(); 4];
+                for j in 0..QK_K / 64 {
+                    let scale_l = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j].as_ptr()));
+                    let scale_h = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j + 1].as_ptr()));
+                    let bits = load256(q4.add(32 * j));
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 64 * j);
+                        let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(lo, load256(q8)));
+                        let ph = _mm256_madd_epi16(
+                            scale_h,
+                            _mm256_maddubs_epi16(hi, load256(q8.add(32))),
+                        );
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+                    }
+                }
+                for c in 0..4 {
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d[c]), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                let m = acc_m[c];
+                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                out[c] = hsum(acc[c]) + _mm_cvtss_f32(m);
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q5_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
+        unsafe {
+            let m4 = _mm256_set1_epi8(15);
+            let zero = _mm_setzero_si128();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0f32; 4];
+            for i in 0..nb {
+                let wb = w.add(i * 176);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let (wd, wmin) = (f16(wb), f16(wb.add(2)));
+                let sm = k4_scales_mins(wb.add(4));
+                let mins = _mm256_extracti128_si256::<1>(sm);
+                let mut d = [0f32; 4];
+                for c in 0..4 {
+                    let yd = f32_le(xb[c]);
+                    d[c] = yd * wd;
+                    let dmin = -yd * wmin;
+                    let prod = _mm_madd_epi16(mins, q8_group_sums(xb[c]));
+                    let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, zero), zero);
+                    // gcc fuses ggml's `summs += dmin * sum` (as qdot does)
+                    summs[c] = dmin.mul_add(_mm_cvtsi128_si32(total) as f32, summs[c]);
+                }
+                let scales = both_halves::<0>(sm);
+                let hbits = load256(wb.add(16));
+                let mut hmask = _mm256_set1_epi8(1);
+                let q5 = wb.add(48);
+                let mut sumi = [_mm256_setzero_si256(); 4];
+                for j in 0..QK_K / 64 {
+                    let scale_0 = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j].as_ptr()));
+                    let scale_1 = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j + 1].as_ptr()));
+                    let bits = load256(q5.add(32 * j));
+                    // the fifth bits of this pair of 32-element groups: bits 2j and 2j+1 of qh
+                    let c0 = _mm_cvtsi32_si128(2 * j as i32);
+                    let h0 = _mm256_srl_epi16(_mm256_and_si256(hbits, hmask), c0);
+                    hmask = _mm256_slli_epi16::<1>(hmask);
+                    let c1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
+                    let h1 = _mm256_srl_epi16(_mm256_and_si256(hbits, hmask), c1);
+                    hmask = _mm256_slli_epi16::<1>(hmask);
+                    let v0 =
+                        _mm256_add_epi8(_mm256_and_si256(bits, m4), _mm256_slli_epi16::<4>(h0));
+                    let lo4 = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    let v1 = _mm256_add_epi8(lo4, _mm256_slli_epi16::<4>(h1));
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 64 * j);
+                        let p0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(v0, load256(q8)));
+                        let p1 = _mm256_madd_epi16(
+                            scale_1,
+                            _mm256_maddubs_epi16(v1, load256(q8.add(32))),
+                        );
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));
+                    }
+                }
+                for c in 0..4 {
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d[c]), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                out[c] = hsum(acc[c]) + summs[c];
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q6_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let m15 = _mm256_set1_epi8(15);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 210);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let wd = f16(wb.add(208));
+                let scales = load128(wb.add(192));
+                let scales16 = _mm256_cvtepi8_epi16(scales);
+                let mut sumi = [_mm256_setzero_si256(); 4];
+                for h in 0..2 {
+                    let (ql, qh) = (wb.add(64 * h), wb.add(128 + 32 * h));
+                    let b1 = load256(ql);
+                    let b2 = load256(ql.add(32));
+                    let bh = load256(qh);
+                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
+                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
+                    let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+                    let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
+                    let v = [
+                        _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
+                        _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3),
+                    ];
+                    let mut sc = [_mm256_setzero_si256(); 4];
+                    for s in 0..4 {
+                        let row = load128(SHUF_Q6K[4 * h + s].as_ptr());
+                        sc[s] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, row));
+                    }
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 128 * h);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for s in 0..4 {
+                            let prod = _mm256_maddubs_epi16(v[s], load256(q8.add(32 * s)));
+                            p[s] = _mm256_madd_epi16(sc[s], prod);
+                        }
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[0], p[1]));
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p[2], p[3]));
+                    }
+                }
+                for c in 0..4 {
+                    let d = f32_le(xb[c]) * wd;
+                    // 32·Σ scale·q8 over the block: the quants' -32 offset, taken out once
+                    let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
+                        load256(xb[c].add(4 + QK_K)),
+                        scales16,
+                    ));
+                    let s = _mm256_sub_epi32(sumi[c], offset);
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                out[c] = hsum(acc[c]);
+            }
+            out
+        }
+    }
 }
