@@ -9,7 +9,14 @@ use tessera_cpu::ops::qdot_tiles::{supported, vec_dot_1x4};
 use tessera_cpu::Isa;
 
 /// The types with a real four-column kernel.
-const TYPES: [DType; 3] = [DType::Q4K, DType::Q5K, DType::Q6K];
+const TYPES: [DType; 6] = [
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::IQ4XS,
+];
 
 const KS: [usize; 3] = [256, 512, 4096];
 
@@ -73,7 +80,10 @@ fn quantize_weights(t: DType, wf: &[f32]) -> Vec<u8> {
 fn f16_fields(t: DType) -> &'static [usize] {
     match t {
         DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
         DType::Q6K => &[208],
+        DType::IQ4XS => &[0],
         _ => unreachable!(),
     }
 }
@@ -170,7 +180,7 @@ fn scalar_1x4_matches_vec_dot_bit_for_bit() {
 
 #[test]
 fn other_types_fall_back() {
-    for t in [DType::Q2K, DType::Q3K, DType::IQ4XS] {
+    for t in [DType::IQ4NL, DType::Q5_0] {
         let k = 512;
         let x = columns(t, k, 9);
         let w = quantize_weights(t, &normals(k, 10));

@@ -137,7 +137,7 @@ fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
 /// The 16 6-bit scales of q3_K (12 bytes), unpacked but not yet re-centred (0..63), in four
 /// little-endian words.
 #[inline(always)]
-fn q3k_scales(s: &[u8]) -> [u32; 4] {
+pub(crate) fn q3k_scales(s: &[u8]) -> [u32; 4] {
     const M1: u32 = 0x0303_0303;
     const M2: u32 = 0x0f0f_0f0f;
     let (a0, a1, a2) = (u32_at(s, 0), u32_at(s, 4), u32_at(s, 8));
@@ -489,7 +489,7 @@ pub(crate) mod avx2 {
 
     /// `get_scale_shuffle_q3k`: row i picks 16-bit scale 2i for the low 128-bit lane and 2i+1
     /// for the high one (the scales vector holds the same 8 scales in both lanes).
-    static SHUF_Q3K: [[u8; 32]; 4] = {
+    pub(crate) static SHUF_Q3K: [[u8; 32]; 4] = {
         let mut t = [[0u8; 32]; 4];
         let mut i = 0;
         while i < 4 {
@@ -667,7 +667,7 @@ pub(crate) mod avx2 {
     /// high nibbles to 16..32.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_values(p: *const u8) -> __m256i {
+    pub(crate) unsafe fn iq4_values(p: *const u8) -> __m256i {
         // SAFETY: 16 readable bytes at p (caller); the codebook is 16 bytes.
         unsafe {
             let values = load128(KVALUES_IQ4NL.as_ptr() as *const u8);

@@ -1,6 +1,7 @@
-//! One weight row against four activation columns at once for the k-quants (q4_K, q5_K, q6_K):
-//! the weight-side integer work of a block (unpacking the nibbles and high bits, decoding and
-//! shuffling the 6-bit scales) is done once and shared by the four columns.
+//! One weight row against four activation columns at once for the k-quants (q2_K, q3_K, q4_K,
+//! q5_K, q6_K) and iq4_xs: the weight-side integer work of a block (unpacking the nibbles and high bits,
+//! looking up codebook values, decoding and shuffling the scales) is done once and shared by the
+//! four columns.
 //!
 //! Each of the four results equals `qdot::vec_dot` for that column alone bit for bit: the
 //! integer partial sums of a column land in the same 32-bit lanes as in the one-column AVX2
@@ -19,7 +20,10 @@ const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
 
 /// Weight types with a one-row, four-column kernel here.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4K | DType::Q5K | DType::Q6K)
+    matches!(
+        t,
+        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS
+    )
 }
 
 /// `qdot::vec_dot(isa, t, w, x[c], k)` for the four columns `x`.
@@ -54,9 +58,12 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
         // the kernels read.
         return unsafe {
             match t {
+                DType::Q2K => avx2::q2_k(w.as_ptr(), xp, nb),
+                DType::Q3K => avx2::q3_k(w.as_ptr(), xp, nb),
                 DType::Q4K => avx2::q4_k(w.as_ptr(), xp, nb),
                 DType::Q5K => avx2::q5_k(w.as_ptr(), xp, nb),
                 DType::Q6K => avx2::q6_k(w.as_ptr(), xp, nb),
+                DType::IQ4XS => avx2::iq4_xs(w.as_ptr(), xp, nb),
                 _ => unreachable!("checked by supported"),
             }
         };
@@ -76,8 +83,9 @@ mod avx2 {
 
     // the helpers and tables the one-column kernels use, shared
     use crate::ops::qdot::avx2::{
-        both_halves, f16, f32_le, hsum, load128, load256, SHUF_K4, SHUF_Q6K,
+        both_halves, f16, f32_le, hsum, iq4_values, load128, load256, SHUF_K4, SHUF_Q3K, SHUF_Q6K,
     };
+    use crate::ops::qdot::q3k_scales;
 
     use super::{Q8_K_SIZE, QK_K};
 
@@ -299,6 +307,175 @@ mod avx2 {
                     ));
                     let s = _mm256_sub_epi32(sumi[c], offset);
                     acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                out[c] = hsum(acc[c]);
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn iq4_xs(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 136);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let mut sh = (wb.add(2) as *const u16).read_unaligned() as i32;
+                let qs = wb.add(8);
+                let mut sumi1 = [_mm256_setzero_si256(); 4];
+                let mut sumi2 = [_mm256_setzero_si256(); 4];
+                for ib in 0..QK_K / 64 {
+                    // `mul_i8_pairs(v, y)` split: |v| once, y with v's sign per column
+                    let v1 = iq4_values(qs.add(32 * ib));
+                    let v2 = iq4_values(qs.add(32 * ib + 16));
+                    let (a1, a2) = (_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(v2, v2));
+                    let sl = *wb.add(4 + ib) as i32;
+                    let ls1 = ((sl & 15) | ((sh << 4) & 0x30)) - 32;
+                    let ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) - 32;
+                    sh >>= 4;
+                    let (l1, l2) = (_mm256_set1_epi16(ls1 as i16), _mm256_set1_epi16(ls2 as i16));
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 64 * ib);
+                        let y1 = _mm256_sign_epi8(load256(q8), v1);
+                        let y2 = _mm256_sign_epi8(load256(q8.add(32)), v2);
+                        let s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, y1), l1);
+                        let s2 = _mm256_madd_epi16(_mm256_maddubs_epi16(a2, y2), l2);
+                        sumi1[c] = _mm256_add_epi32(s1, sumi1[c]);
+                        sumi2[c] = _mm256_add_epi32(s2, sumi2[c]);
+                    }
+                }
+                let wd = f16(wb);
+                for c in 0..4 {
+                    let d = _mm256_set1_ps(wd * f32_le(xb[c]));
+                    let s = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1[c], sumi2[c]));
+                    acc[c] = _mm256_fmadd_ps(d, s, acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                out[c] = hsum(acc[c]);
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q3_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 4.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let one = _mm256_set1_epi8(1);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 110);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let wd = f16(wb.add(108));
+                let [s0, s1, s2, s3] = q3k_scales(std::slice::from_raw_parts(wb.add(96), 12));
+                let sc = _mm_set_epi32(s3 as i32, s2 as i32, s1 as i32, s0 as i32);
+                let sc = _mm_sub_epi8(sc, _mm_set1_epi8(32));
+                let all = _mm256_cvtepi8_epi16(sc);
+                let scales = [both_halves::<0>(all), both_halves::<1>(all)];
+                let hbits = load256(wb);
+                let mut sumi = [_mm256_setzero_si256(); 4];
+                let mut bit = 0;
+                for (h, sc) in scales.into_iter().enumerate() {
+                    let bits = load256(wb.add(32 + 32 * h));
+                    let mut low = [_mm256_setzero_si256(); 4];
+                    let mut high = [_mm256_setzero_si256(); 4];
+                    let mut scs = [_mm256_setzero_si256(); 4];
+                    for s in 0..4 {
+                        let shift = _mm_cvtsi32_si128(2 * s as i32);
+                        low[s] = _mm256_and_si256(_mm256_srl_epi16(bits, shift), m3);
+                        // 4 where the high bit is clear, 0 where it is set: subtracted below
+                        let count = _mm_cvtsi32_si128(bit);
+                        let clear = _mm256_andnot_si256(hbits, _mm256_sll_epi16(one, count));
+                        high[s] = _mm256_slli_epi16::<2>(_mm256_srl_epi16(clear, count));
+                        bit += 1;
+                        scs[s] = _mm256_shuffle_epi8(sc, load256(SHUF_Q3K[s].as_ptr()));
+                    }
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 128 * h);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for s in 0..4 {
+                            let y = load256(q8.add(32 * s));
+                            let sub = _mm256_maddubs_epi16(high[s], y);
+                            let ps = _mm256_sub_epi16(_mm256_maddubs_epi16(low[s], y), sub);
+                            p[s] = _mm256_madd_epi16(scs[s], ps);
+                        }
+                        let p01 = _mm256_add_epi32(p[0], p[1]);
+                        let p23 = _mm256_add_epi32(p[2], p[3]);
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p01, p23));
+                    }
+                }
+                for c in 0..4 {
+                    let d = f32_le(xb[c]) * wd;
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+                }
+            }
+            let mut out = [0f32; 4];
+            for c in 0..4 {
+                out[c] = hsum(acc[c]);
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q2_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 4.
+        unsafe {
+            let m3 = _mm256_set1_epi8(3);
+            let m4 = _mm_set1_epi8(15);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 84);
+                let xb = x.map(|p| p.add(i * Q8_K_SIZE));
+                let (wd, wmin) = (f16(wb.add(80)), f16(wb.add(82)));
+                let packed = load128(wb);
+                let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), m4));
+                let mut d = [0f32; 4];
+                for c in 0..4 {
+                    let yd = f32_le(xb[c]);
+                    d[c] = yd * wd;
+                    let dmin = -yd * wmin;
+                    // the mins against the group sums of the activations
+                    let prod = _mm256_madd_epi16(mins, load256(xb[c].add(4 + QK_K)));
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[c]);
+                }
+                let all = _mm256_cvtepi8_epi16(_mm_and_si128(packed, m4));
+                let scales = [both_halves::<0>(all), both_halves::<1>(all)];
+                let mut sumi = [_mm256_setzero_si256(); 4];
+                for (h, sc) in scales.into_iter().enumerate() {
+                    let bits = load256(wb.add(16 + 32 * h));
+                    let mut q = [_mm256_setzero_si256(); 4];
+                    let mut scs = [_mm256_setzero_si256(); 4];
+                    for s in 0..4 {
+                        let shift = _mm_cvtsi32_si128(2 * s as i32);
+                        q[s] = _mm256_and_si256(_mm256_srl_epi16(bits, shift), m3);
+                        scs[s] = _mm256_shuffle_epi8(sc, load256(SHUF_Q3K[s].as_ptr()));
+                    }
+                    for c in 0..4 {
+                        let q8 = xb[c].add(4 + 128 * h);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for s in 0..4 {
+                            let prod = _mm256_maddubs_epi16(q[s], load256(q8.add(32 * s)));
+                            p[s] = _mm256_madd_epi16(scs[s], prod);
+                        }
+                        let p01 = _mm256_add_epi32(p[0], p[1]);
+                        let p23 = _mm256_add_epi32(p[2], p[3]);
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p01, p23));
+                    }
+                }
+                for c in 0..4 {
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d[c]), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 }
             }
             let mut out = [0f32; 4];
