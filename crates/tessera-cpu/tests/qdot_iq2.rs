@@ -88,39 +88,15 @@ fn avx2_is_bit_exact_with_ggml() {
         eprintln!("no AVX2 here: the AVX2 path is not checked");
         return;
     }
-    let mut bad = Vec::new();
-    let mut n = 0;
-    for c in fixture() {
-        for isa in [Isa::Avx2, Isa::Avx512] {
-            let got = vec_dot(isa, c.t, &c.w, &c.x, c.k);
-            n += 1;
-            if got.to_bits() != c.avx2.to_bits() {
-                bad.push(format!(
-                    "{} k={} pattern {} {isa:?}: {got:e} vs ggml {:e}",
-                    c.t, c.k, c.pattern, c.avx2
-                ));
-            }
-        }
-    }
+    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::Avx512], |c| c.avx2);
     assert!(n >= 90);
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
 /// The scalar path returns exactly what ggml's generic C code returns when compiled without
 /// FMA contraction.
 #[test]
 fn scalar_is_bit_exact_with_ggml_generic() {
-    let mut bad = Vec::new();
-    for c in fixture() {
-        let got = vec_dot(Isa::Scalar, c.t, &c.w, &c.x, c.k);
-        if got.to_bits() != c.generic.to_bits() {
-            bad.push(format!(
-                "{} k={} pattern {}: {got:e} vs ggml {:e}",
-                c.t, c.k, c.pattern, c.generic
-            ));
-        }
-    }
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert_fixture_bit_exact(&fixture(), &[Isa::Scalar], |c| c.generic);
 }
 
 /// ggml's own results, and both paths here, are close to the exact dot product of the

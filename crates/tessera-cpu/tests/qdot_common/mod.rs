@@ -5,6 +5,8 @@
 
 use tessera::DType;
 use tessera_cpu::ops::matmul_quant::vec_dot_type;
+use tessera_cpu::ops::qdot::vec_dot;
+use tessera_cpu::Isa;
 
 pub const PATTERNS: usize = 12;
 
@@ -124,4 +126,29 @@ pub fn dequant(t: DType, b: &[u8], k: usize) -> Vec<f32> {
     let mut v = vec![0f32; k];
     tessera_quants::dequantize_row(t.id(), b, &mut v).unwrap();
     v
+}
+
+/// Runs every fixture case through `qdot::vec_dot` on each of `isas` and asserts the result
+/// equals, bit for bit, the value ggml gave (`want`: the case's `avx2` or `generic` result);
+/// returns the number of comparisons.
+pub fn assert_fixture_bit_exact(cases: &[Case], isas: &[Isa], want: fn(&Case) -> f32) -> usize {
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for c in cases {
+        for &isa in isas {
+            let got = vec_dot(isa, c.t, &c.w, &c.x, c.k);
+            n += 1;
+            if got.to_bits() != want(c).to_bits() {
+                bad.push(format!(
+                    "{} k={} pattern {} {isa:?}: {got:e} vs ggml {:e}",
+                    c.t,
+                    c.k,
+                    c.pattern,
+                    want(c)
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    n
 }
