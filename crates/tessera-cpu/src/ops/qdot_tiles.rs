@@ -309,11 +309,7 @@ mod avx2 {
                     acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
                 }
             }
-            let mut out = [0f32; 4];
-            for c in 0..4 {
-                out[c] = hsum(acc[c]);
-            }
-            out
+            acc.map(|a| hsum(a))
         }
     }
 
@@ -356,11 +352,7 @@ mod avx2 {
                     acc[c] = _mm256_fmadd_ps(d, s, acc[c]);
                 }
             }
-            let mut out = [0f32; 4];
-            for c in 0..4 {
-                out[c] = hsum(acc[c]);
-            }
-            out
+            acc.map(|a| hsum(a))
         }
     }
 
@@ -418,11 +410,7 @@ mod avx2 {
                         _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 }
             }
-            let mut out = [0f32; 4];
-            for c in 0..4 {
-                out[c] = hsum(acc[c]);
-            }
-            out
+            acc.map(|a| hsum(a))
         }
     }
 
@@ -478,11 +466,7 @@ mod avx2 {
                         _mm256_fmadd_ps(_mm256_set1_ps(d[c]), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 }
             }
-            let mut out = [0f32; 4];
-            for c in 0..4 {
-                out[c] = hsum(acc[c]);
-            }
-            out
+            acc.map(|a| hsum(a))
         }
     }
 }
