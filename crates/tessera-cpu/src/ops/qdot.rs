@@ -99,7 +99,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 #[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
@@ -160,7 +160,7 @@ fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
 }
 
 /// ggml's generic kernels, one function per type.
-mod scalar {
+pub(crate) mod scalar {
     use super::*;
 
     pub fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
@@ -185,7 +185,8 @@ mod scalar {
         }
     }
 
-    type Blocks<'a> =
+    /// A weight row's blocks zipped with the activation row's.
+    pub(crate) type Blocks<'a> =
         std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
 
     fn q5_0(blocks: Blocks) -> f32 {

@@ -20,6 +20,7 @@
 
 use tessera::DType;
 
+use crate::ops::qdot::f16_at;
 use crate::simd::Isa;
 
 /// Bytes of one q8_0 block: f16 scale, 32 signed quants.
@@ -55,11 +56,6 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     }
     let _ = isa;
     scalar::vec_dot(t, w, x, nb)
-}
-
-#[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 /// Half of the E8M0 scale, 2^(e−128), as ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
@@ -118,8 +114,7 @@ mod scalar {
         }
     }
 
-    type Blocks<'a> =
-        std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
+    use crate::ops::qdot::scalar::Blocks;
 
     fn mxfp4(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;

@@ -152,3 +152,28 @@ pub fn assert_fixture_bit_exact(cases: &[Case], isas: &[Isa], want: fn(&Case) ->
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     n
 }
+
+/// The fixture's cases of type `t`, asserting that there are at least 15, at least 3 of them of
+/// random block bytes (pattern 100), and one for each row length in `ks`.
+pub fn cases_of<'a>(cases: &'a [Case], t: DType, ks: &[usize]) -> Vec<&'a Case> {
+    let of_t: Vec<&Case> = cases.iter().filter(|c| c.t == t).collect();
+    let random = of_t.iter().filter(|c| c.pattern == 100).count();
+    assert!(
+        of_t.len() >= 15 && random >= 3,
+        "{t}: {} cases, {random} random",
+        of_t.len()
+    );
+    for &k in ks {
+        assert!(of_t.iter().any(|c| c.k == k), "{t}: no case of k={k}");
+    }
+    of_t
+}
+
+/// Asserts that ggml's two paths round differently on some case of `t`, so that each bit-exact
+/// test pins down its own path's order of float operations.
+pub fn assert_paths_differ(of_t: &[&Case], t: DType) {
+    assert!(
+        of_t.iter().any(|c| c.avx2.to_bits() != c.generic.to_bits()),
+        "{t}: ggml's two paths agree on every case"
+    );
+}
