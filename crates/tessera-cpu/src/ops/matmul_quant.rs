@@ -14,6 +14,7 @@
 
 use tessera::{DType, Result, Tensor};
 
+use super::qgemm_k;
 use crate::exec::NodeCtx;
 use crate::simd::Isa;
 
@@ -52,6 +53,10 @@ pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
 struct Layout {
     /// Bytes of one quantized column of b.
     qrow: usize,
+    /// Whether the k-quant mat-mat path (`qgemm_k`, ggml's tiled numerics) runs, and where its
+    /// packed column groups start.
+    tiled: bool,
+    packed_off: usize,
     /// Columns of b over all batches.
     cols: usize,
     /// Offset of the dequantized activations (generic path only), and of per-thread scratch.
@@ -67,17 +72,31 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     let qrow = vdt.row_size(k).unwrap_or(0);
     let cols = b.ne[1] * b.ne[2] * b.ne[3];
     let qbytes = (qrow * cols).next_multiple_of(64);
+    let tiled = super::qgemm_k::applies(a.dtype, b.ne[1]);
+    let packed = if tiled {
+        let groups = b.ne[1].div_ceil(super::qgemm_k::GROUP) * b.ne[2] * b.ne[3];
+        (groups * (k / 256) * super::qgemm_k::PACKED).next_multiple_of(64)
+    } else {
+        0
+    };
     let deq = if has_int_kernel(a.dtype) {
         0
     } else {
         (cols * k * 4).next_multiple_of(64)
     };
+    let per_thread = if tiled {
+        (k * 4).max(super::qgemm_k::scratch_size())
+    } else {
+        k * 4
+    };
     Layout {
         qrow,
+        tiled,
+        packed_off: qbytes,
         cols,
-        deq_off: qbytes,
-        scratch_off: qbytes + deq,
-        per_thread: (k * 4).next_multiple_of(64),
+        deq_off: qbytes + packed,
+        scratch_off: qbytes + packed + deq,
+        per_thread: per_thread.next_multiple_of(64),
     }
 }
 
@@ -110,7 +129,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         )
     };
     // Phase 1: quantize (and, for the generic path, dequantize back) every column of b.
-    for col in ctx.share(l.cols) {
+    let quantize_col = |col: usize, tmp: &mut [f32]| -> Result<()> {
         let (i1, i2, i3) = (
             col % b.ne[1],
             (col / b.ne[1]) % b.ne[2],
@@ -134,6 +153,71 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     .map_err(|e| ctx.err(e.to_string()))?;
             }
         }
+        Ok(())
+    };
+    if l.tiled {
+        // whole groups of eight columns per thread: quantized, then packed for the kernel
+        let gpb = b.ne[1].div_ceil(qgemm_k::GROUP);
+        let nb = k / 256;
+        for g in ctx.share(gpb * b.ne[2] * b.ne[3]) {
+            let (batch, gi) = (g / gpb, g % gpb);
+            let first = gi * qgemm_k::GROUP;
+            let last = (first + qgemm_k::GROUP).min(b.ne[1]);
+            for i1 in first..last {
+                quantize_col(batch * b.ne[1] + i1, tmp)?;
+            }
+            // SAFETY: the quantized columns of this group were written just above by this
+            // thread; the packed group's bytes belong to group g alone.
+            unsafe {
+                let cols: [Option<&[u8]>; qgemm_k::GROUP] = std::array::from_fn(|c| {
+                    (first + c < last).then(|| {
+                        std::slice::from_raw_parts(
+                            ctx.wdata.add((batch * b.ne[1] + first + c) * l.qrow),
+                            l.qrow,
+                        )
+                    })
+                });
+                let out = std::slice::from_raw_parts_mut(
+                    ctx.wdata.add(l.packed_off + g * nb * qgemm_k::PACKED),
+                    nb * qgemm_k::PACKED,
+                );
+                qgemm_k::pack_group(&cols, nb, out);
+            }
+        }
+        ctx.barrier();
+        let rows = ctx.share(m);
+        let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+        for i3 in 0..b.ne[3] {
+            for i2 in 0..b.ne[2] {
+                let g0 = (i3 * b.ne[2] + i2) * gpb;
+                // SAFETY: the batch's weight rows, packed groups and result cells lie inside
+                // the validated tensors and the work buffer; this thread writes rows `rows`
+                // only; its scratch is its own.
+                unsafe {
+                    let batch = qgemm_k::Batch {
+                        a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
+                        a_nb1: a.nb[1],
+                        packed: ctx.wdata.add(l.packed_off + g0 * nb * qgemm_k::PACKED),
+                        groups: gpb,
+                        cols: b.ne[1],
+                        dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
+                        d_nb1: d.nb[1],
+                    };
+                    qgemm_k::run(
+                        ctx.isa,
+                        a.dtype,
+                        k,
+                        rows.clone(),
+                        &batch,
+                        ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
+                    );
+                }
+            }
+        }
+        return Ok(());
+    }
+    for col in ctx.share(l.cols) {
+        quantize_col(col, tmp)?;
     }
     ctx.barrier();
     // Phase 2: rows of a split across threads.

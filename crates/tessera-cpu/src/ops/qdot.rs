@@ -30,7 +30,7 @@ const Q8_1_SIZE: usize = 36;
 const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
 
 /// ggml's 4-bit non-linear codebook (`kvalues_iq4nl`), shared by iq4_nl and iq4_xs.
-const KVALUES_IQ4NL: [i8; 16] = [
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
@@ -121,7 +121,7 @@ fn i16_at(b: &[u8], at: usize) -> i32 {
 /// The 6-bit scales and mins of q4_K / q5_K (12 bytes) unpacked to 8 scales then 8 mins, as
 /// ggml's `utmp` shuffle does, in four little-endian words.
 #[inline(always)]
-fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
+pub(crate) fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
     const M1: u32 = 0x3f3f_3f3f;
     const M2: u32 = 0x0f0f_0f0f;
     const M3: u32 = 0x0303_0303;
@@ -151,7 +151,7 @@ pub(crate) fn q3k_scales(s: &[u8]) -> [u32; 4] {
 
 /// Four little-endian words as 16 bytes.
 #[inline(always)]
-fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
+pub(crate) fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (o, w) in out.chunks_exact_mut(4).zip(w) {
         o.copy_from_slice(&w.to_le_bytes());

@@ -1,0 +1,658 @@
+//! Quantized mat-mat for q2_K, q3_K, q4_K, q5_K, q6_K and iq4_xs weights against eight or more
+//! columns, with the numerics of ggml's tiled k-quant matmul (`ggml-cpu/tiled`, which ggml's CPU
+//! backend uses for these types whenever `b` has at least eight columns).
+//!
+//! For a weight row, an activation column (quantized to q8_K) and each 256-element block, ggml
+//! forms exact integer sums — S1 = Σ_s scale_s · Σ_{e∈s} w_e·x_e over the sub-blocks s, and for
+//! the types with mins S2 = Σ_s min_s · Σ_{e∈s} x_e — and then, block after block,
+//!
+//! ```text
+//! res = d · f32(S1)              (one rounding)
+//! res = res − dmin · f32(S2)     (fused; types with mins only)
+//! acc = res · d_x + acc          (fused)
+//! ```
+//!
+//! The integer sums are exact, so any order of computing them gives ggml's bits; only the float
+//! steps above must be (and are) ggml's. [`dot_ref`] is that definition, one row and one column
+//! at a time; the AVX2 kernel computes the same numbers for four rows × eight columns at once.
+//!
+//! The AVX2 kernel differs from ggml's in how it gets the integer sums, not in the sums: the
+//! activations of eight columns are interleaved by four bytes, so one `vpmaddubsw` of a
+//! broadcast group of four weights multiplies 32 weight·activation pairs of eight columns, and
+//! the 16-bit products of several such steps are added before a `vpmaddwd` applies the
+//! sub-block's scale (as many steps as the weight codes allow without overflow: 8 for 4-bit
+//! codes, 4 for 5-bit, 2 for 6-bit). That takes 9–13 multiply instructions per weight block and
+//! column where the one-column kernels take 16 and more.
+//!
+//! Bias-coded types (q6_K's codes are value + 32, q3_K's value + 4) are multiplied as unsigned
+//! codes and corrected by `bias · Σ_s scale_s · Σ_{e∈s} x_e`, exact. iq4_xs's codebook values
+//! reach ±127, so each step is applied at once (`vpsignb` makes the weight operand unsigned).
+
+// the unpacking follows the formats' index arithmetic, clearer as index loops
+#![allow(clippy::needless_range_loop)]
+
+use tessera::DType;
+
+use super::qdot::{f16_at, k4_scales_mins, q3k_scales, words_to_bytes, KVALUES_IQ4NL};
+
+const QK_K: usize = 256;
+/// Bytes of one q8_K block: f32 scale, 256 i8, 16 i16 sums of 16.
+const Q8K: usize = 4 + QK_K + 32;
+/// Columns packed together.
+pub const GROUP: usize = 8;
+/// Bytes of one packed (column group, block): the 256 activations of eight columns interleaved
+/// by four (`[64][8][4]`), the eight columns' scales (f32), their sums of 16 in pairs
+/// (`[8][8][2]` i16) and their sums of 32 in pairs (`[4][8][2]` i16).
+pub const PACKED: usize = 2048 + 32 + 256 + 128;
+const OFF_D: usize = 2048;
+const OFF_BS16: usize = 2080;
+const OFF_BS32: usize = 2336;
+
+/// Weight types this path computes.
+pub fn supported(t: DType) -> bool {
+    matches!(
+        t,
+        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS
+    )
+}
+
+/// Whether a mul_mat of `t` weights against `b` with `cols_per_batch` columns (`b.ne[1]`) takes
+/// this path: ggml's threshold is eight columns.
+pub fn applies(t: DType, cols_per_batch: usize) -> bool {
+    supported(t) && cols_per_batch >= GROUP
+}
+
+/// Rows of weights unpacked at a time, and column groups accumulated at a time (per thread).
+const RB: usize = 32;
+const GC: usize = 32;
+
+/// Bytes of per-thread scratch the driver needs.
+pub fn scratch_size() -> usize {
+    RB * std::mem::size_of::<WBlock>() + RB * GC * GROUP * 4 + 64
+}
+
+/// One weight block unpacked: a code per element (unsigned; iq4_xs: the signed codebook value's
+/// bits), a scale per sub-block, pairs of i16 for `vpmaddwd` against the paired activation sums
+/// (the mins for the types with mins, the scales for the bias-coded types) and the f32 scales.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub(crate) struct WBlock {
+    q: [u8; QK_K],
+    sc: [i16; 16],
+    pairs: [u32; 8],
+    d: f32,
+    dmin: f32,
+    _pad: [u32; 6],
+}
+
+impl WBlock {
+    const ZERO: WBlock = WBlock {
+        q: [0; QK_K],
+        sc: [0; 16],
+        pairs: [0; 8],
+        d: 0.0,
+        dmin: 0.0,
+        _pad: [0; 6],
+    };
+}
+
+/// How a type's codes and scales combine.
+#[derive(Clone, Copy)]
+struct Fmt {
+    has_min: bool,
+    /// Sub-blocks of 16 elements (else 32).
+    sub16: bool,
+    /// Value = code − bias.
+    bias: i32,
+}
+
+fn fmt(t: DType) -> Fmt {
+    match t {
+        DType::Q4K | DType::Q5K => Fmt {
+            has_min: true,
+            sub16: false,
+            bias: 0,
+        },
+        DType::Q2K => Fmt {
+            has_min: true,
+            sub16: true,
+            bias: 0,
+        },
+        DType::Q6K => Fmt {
+            has_min: false,
+            sub16: true,
+            bias: 32,
+        },
+        DType::Q3K => Fmt {
+            has_min: false,
+            sub16: true,
+            bias: 4,
+        },
+        _ => Fmt {
+            has_min: false,
+            sub16: false,
+            bias: 0,
+        },
+    }
+}
+
+fn pair(a: i16, b: i16) -> u32 {
+    (a as u16 as u32) | ((b as u16 as u32) << 16)
+}
+
+/// Unpacks one weight block of type `t` (the bytes at the start of `w`).
+pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
+    match t {
+        DType::Q4K | DType::Q5K => {
+            o.d = f16_at(w, 0);
+            o.dmin = f16_at(w, 2);
+            let sm = words_to_bytes(k4_scales_mins(&w[4..16]));
+            for s in 0..8 {
+                o.sc[s] = sm[s] as i16;
+            }
+            for p in 0..4 {
+                o.pairs[p] = pair(sm[8 + 2 * p] as i16, sm[9 + 2 * p] as i16);
+            }
+            let qs = if t == DType::Q4K {
+                &w[16..144]
+            } else {
+                &w[48..176]
+            };
+            for j in 0..4 {
+                let (lo, hi) = o.q[64 * j..64 * j + 64].split_at_mut(32);
+                for l in 0..32 {
+                    let v = qs[32 * j + l];
+                    lo[l] = v & 15;
+                    hi[l] = v >> 4;
+                }
+            }
+            if t == DType::Q5K {
+                let qh = &w[16..48];
+                for j in 0..4 {
+                    for l in 0..32 {
+                        o.q[64 * j + l] |= ((qh[l] >> (2 * j)) & 1) << 4;
+                        o.q[64 * j + 32 + l] |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                    }
+                }
+            }
+        }
+        DType::Q6K => {
+            let (ql, qh, sc) = (&w[0..128], &w[128..192], &w[192..208]);
+            o.d = f16_at(w, 208);
+            o.dmin = 0.0;
+            for s in 0..16 {
+                o.sc[s] = sc[s] as i8 as i16;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
+            }
+            for n in 0..2 {
+                let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
+                let q = &mut o.q[128 * n..128 * n + 128];
+                for l in 0..32 {
+                    q[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+                    q[32 + l] = (ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4);
+                    q[64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                    q[96 + l] = (ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                }
+            }
+        }
+        DType::Q3K => {
+            let (hm, qs) = (&w[0..32], &w[32..96]);
+            o.d = f16_at(w, 108);
+            o.dmin = 0.0;
+            let sc = words_to_bytes(q3k_scales(&w[96..108]));
+            for s in 0..16 {
+                o.sc[s] = sc[s] as i16 - 32;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
+            }
+            for n in 0..2 {
+                for j in 0..4 {
+                    for l in 0..32 {
+                        let low = (qs[32 * n + l] >> (2 * j)) & 3;
+                        let high = (hm[l] >> (4 * n + j)) & 1;
+                        o.q[128 * n + 32 * j + l] = low | (high << 2);
+                    }
+                }
+            }
+        }
+        DType::Q2K => {
+            let (sc, qs) = (&w[0..16], &w[16..80]);
+            o.d = f16_at(w, 80);
+            o.dmin = f16_at(w, 82);
+            for s in 0..16 {
+                o.sc[s] = (sc[s] & 15) as i16;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair((sc[2 * p] >> 4) as i16, (sc[2 * p + 1] >> 4) as i16);
+            }
+            for n in 0..2 {
+                for j in 0..4 {
+                    for l in 0..32 {
+                        o.q[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
+                    }
+                }
+            }
+        }
+        DType::IQ4XS => {
+            o.d = f16_at(w, 0);
+            o.dmin = 0.0;
+            let sh = u16::from_le_bytes([w[2], w[3]]);
+            let (sl, qs) = (&w[4..8], &w[8..136]);
+            for ib in 0..8 {
+                let ls =
+                    ((sl[ib / 2] >> (4 * (ib % 2))) & 15) | ((((sh >> (2 * ib)) & 3) as u8) << 4);
+                o.sc[ib] = ls as i16 - 32;
+                for j in 0..16 {
+                    let v = qs[16 * ib + j];
+                    o.q[32 * ib + j] = KVALUES_IQ4NL[(v & 15) as usize] as u8;
+                    o.q[32 * ib + 16 + j] = KVALUES_IQ4NL[(v >> 4) as usize] as u8;
+                }
+            }
+        }
+        _ => unreachable!("qgemm_k: {t} is not supported (checked by the caller)"),
+    }
+}
+
+/// ggml's tiled result for one weight row `w` (`k` elements of `t`) and one q8_K column `x`:
+/// the definition the kernels are tested against.
+pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    assert!(supported(t), "qgemm_k: {t} is not supported");
+    assert!(k % QK_K == 0, "qgemm_k: {k} is not a multiple of {QK_K}");
+    let f = fmt(t);
+    let (nb, bsz) = (k / QK_K, t.type_size());
+    let sub = if f.sub16 { 16 } else { 32 };
+    let mut wb = WBlock::ZERO;
+    let mut acc = 0f32;
+    for b in 0..nb {
+        unpack(t, &w[b * bsz..], &mut wb);
+        let xb = &x[b * Q8K..(b + 1) * Q8K];
+        let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+        let bs16 = |j: usize| i16::from_le_bytes([xb[260 + 2 * j], xb[261 + 2 * j]]) as i32;
+        let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
+        for s in 0..QK_K / sub {
+            let mut dot = 0i32;
+            for e in s * sub..(s + 1) * sub {
+                let wv = if t == DType::IQ4XS {
+                    wb.q[e] as i8 as i32
+                } else {
+                    wb.q[e] as i32
+                };
+                dot += wv * xb[4 + e] as i8 as i32;
+            }
+            let xsum = if f.sub16 {
+                bs16(s)
+            } else {
+                bs16(2 * s) + bs16(2 * s + 1)
+            };
+            s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
+            corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
+            if f.has_min {
+                let p = wb.pairs[s / 2];
+                let m = if s % 2 == 0 { p & 0xffff } else { p >> 16 } as i16 as i32;
+                s2 = s2.wrapping_add(m * xsum);
+            }
+        }
+        s1 = s1.wrapping_sub(f.bias.wrapping_mul(corr));
+        let mut res = wb.d * s1 as f32;
+        if f.has_min {
+            res = (-wb.dmin).mul_add(s2 as f32, res);
+        }
+        acc = res.mul_add(yd, acc);
+    }
+    acc
+}
+
+/// Packs up to eight q8_K columns (`None`: a zero column) of `nb` blocks into `out`
+/// (`nb * PACKED` bytes), block after block.
+pub fn pack_group(cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
+    assert!(out.len() >= nb * PACKED, "qgemm_k: packed group too short");
+    for b in 0..nb {
+        let o = &mut out[b * PACKED..(b + 1) * PACKED];
+        for (c, col) in cols.iter().enumerate() {
+            let Some(col) = col else {
+                for k4 in 0..64 {
+                    o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4].fill(0);
+                }
+                o[OFF_D + 4 * c..OFF_D + 4 * c + 4].fill(0);
+                for p in 0..8 {
+                    o[OFF_BS16 + 32 * p + 4 * c..OFF_BS16 + 32 * p + 4 * c + 4].fill(0);
+                }
+                for p in 0..4 {
+                    o[OFF_BS32 + 32 * p + 4 * c..OFF_BS32 + 32 * p + 4 * c + 4].fill(0);
+                }
+                continue;
+            };
+            let xb = &col[b * Q8K..(b + 1) * Q8K];
+            for k4 in 0..64 {
+                o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4]
+                    .copy_from_slice(&xb[4 + 4 * k4..8 + 4 * k4]);
+            }
+            o[OFF_D + 4 * c..OFF_D + 4 * c + 4].copy_from_slice(&xb[0..4]);
+            let bs = |j: usize| i16::from_le_bytes([xb[260 + 2 * j], xb[261 + 2 * j]]);
+            for p in 0..8 {
+                let at = OFF_BS16 + 32 * p + 4 * c;
+                o[at..at + 2].copy_from_slice(&bs(2 * p).to_le_bytes());
+                o[at + 2..at + 4].copy_from_slice(&bs(2 * p + 1).to_le_bytes());
+            }
+            for p in 0..4 {
+                let at = OFF_BS32 + 32 * p + 4 * c;
+                let s32 = |s: usize| bs(2 * s) + bs(2 * s + 1);
+                o[at..at + 2].copy_from_slice(&s32(2 * p).to_le_bytes());
+                o[at + 2..at + 4].copy_from_slice(&s32(2 * p + 1).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Where one batch of a mul_mat lives, for [`run`].
+pub struct Batch {
+    /// First weight row of the batch, and the bytes between rows.
+    pub a: *const u8,
+    pub a_nb1: usize,
+    /// The batch's packed column groups (`groups * nb * PACKED` bytes).
+    pub packed: *const u8,
+    pub groups: usize,
+    /// Valid columns (the last group may be padded).
+    pub cols: usize,
+    /// Result column 0, row 0, and the bytes between result columns (rows are f32, contiguous).
+    pub dst: *mut u8,
+    pub d_nb1: usize,
+}
+
+/// Computes rows `rows` of one batch against all its columns with ggml's tiled numerics.
+///
+/// # Safety
+/// `b` describes valid memory: every row in `rows` of `k` elements of `t` at `a + r * a_nb1`,
+/// `groups` packed groups of `k / 256` blocks at `packed`, and result cells
+/// `dst + c * d_nb1 + 4 * r` for every valid column `c` and row `r` in `rows`, written by this
+/// caller only; `scratch` holds [`scratch_size`] bytes used by this caller only.
+pub unsafe fn run(
+    isa: crate::simd::Isa,
+    t: DType,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    b: &Batch,
+    scratch: *mut u8,
+) {
+    let nb = k / QK_K;
+    let bsz = t.type_size();
+    let al = scratch.align_offset(32);
+    // SAFETY: the scratch holds RB WBlocks after aligning to 32 and then RB·GC·8 f32 (caller).
+    let (wbs, accs) = unsafe {
+        let w = scratch.add(al) as *mut WBlock;
+        let acc = scratch.add(al + RB * std::mem::size_of::<WBlock>()) as *mut f32;
+        (
+            std::slice::from_raw_parts_mut(w, RB),
+            std::slice::from_raw_parts_mut(acc, RB * GC * GROUP),
+        )
+    };
+    #[cfg(target_arch = "x86_64")]
+    let simd =
+        matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = {
+        let _ = isa;
+        false
+    };
+    let stride = GC * GROUP;
+    let mut g0 = 0;
+    while g0 < b.groups {
+        let gn = GC.min(b.groups - g0);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let rn = RB.min(rows.end - r0);
+            for acc in accs[..rn * stride].iter_mut() {
+                *acc = 0.0;
+            }
+            for blk in 0..nb {
+                for (r, wb) in wbs[..rn].iter_mut().enumerate() {
+                    // SAFETY: row r0 + r is in `rows`; block blk lies inside its k elements.
+                    let w = unsafe {
+                        std::slice::from_raw_parts(b.a.add((r0 + r) * b.a_nb1 + blk * bsz), bsz)
+                    };
+                    unpack(t, w, wb);
+                }
+                for g in 0..gn {
+                    // SAFETY: group g0 + g < groups, block blk < nb (caller's packed layout).
+                    let pk = unsafe { b.packed.add(((g0 + g) * nb + blk) * PACKED) };
+                    let acc = &mut accs[g * GROUP..];
+                    if simd {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: AVX2/FMA present (checked); pk is one packed block; the
+                        // accumulator rows are inside `accs`.
+                        unsafe {
+                            avx2::block(t, &wbs[..rn], pk, acc, stride)
+                        };
+                    } else {
+                        // SAFETY: pk points at PACKED readable bytes (caller).
+                        let p = unsafe { std::slice::from_raw_parts(pk, PACKED) };
+                        scalar_block(t, &wbs[..rn], p, acc, stride);
+                    }
+                }
+            }
+            // store the window: result (column c, row r)
+            let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
+            for r in 0..rn {
+                for c in 0..valid {
+                    // SAFETY: column g0·8 + c < cols and row r0 + r in `rows` (caller).
+                    unsafe {
+                        *(b.dst.add((g0 * GROUP + c) * b.d_nb1 + 4 * (r0 + r)) as *mut f32) =
+                            accs[r * stride + c];
+                    }
+                }
+            }
+            r0 += rn;
+        }
+        g0 += gn;
+    }
+}
+
+/// The scalar form of one block for every row in `wbs` against one packed group: the same
+/// sums and float steps as [`dot_ref`].
+fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usize) {
+    let f = fmt(t);
+    let sub = if f.sub16 { 16 } else { 32 };
+    let i16_at = |at: usize| i16::from_le_bytes([p[at], p[at + 1]]) as i32;
+    for (r, wb) in wbs.iter().enumerate() {
+        for c in 0..GROUP {
+            let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
+            for s in 0..QK_K / sub {
+                let mut dot = 0i32;
+                for e in s * sub..(s + 1) * sub {
+                    let wv = if t == DType::IQ4XS {
+                        wb.q[e] as i8 as i32
+                    } else {
+                        wb.q[e] as i32
+                    };
+                    dot += wv * p[32 * (e / 4) + 4 * c + e % 4] as i8 as i32;
+                }
+                let xsum = if f.sub16 {
+                    i16_at(OFF_BS16 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
+                } else {
+                    i16_at(OFF_BS32 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
+                };
+                s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
+                corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
+                if f.has_min {
+                    let pr = wb.pairs[s / 2];
+                    let m = if s % 2 == 0 { pr & 0xffff } else { pr >> 16 } as i16 as i32;
+                    s2 = s2.wrapping_add(m * xsum);
+                }
+            }
+            s1 = s1.wrapping_sub(f.bias.wrapping_mul(corr));
+            let mut res = wb.d * s1 as f32;
+            if f.has_min {
+                res = (-wb.dmin).mul_add(s2 as f32, res);
+            }
+            let yd = f32::from_le_bytes([
+                p[OFF_D + 4 * c],
+                p[OFF_D + 4 * c + 1],
+                p[OFF_D + 4 * c + 2],
+                p[OFF_D + 4 * c + 3],
+            ]);
+            let a = &mut acc[r * stride + c];
+            *a = res.mul_add(yd, *a);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+#[allow(unused_unsafe)]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use tessera::DType;
+
+    use super::{WBlock, GROUP, OFF_BS16, OFF_BS32, OFF_D};
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// One block of every row in `wbs` against one packed group, four rows at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block(t: DType, wbs: &[WBlock], p: *const u8, acc: &mut [f32], stride: usize) {
+        let mut r = 0;
+        // SAFETY: p is one packed block (caller); the accumulator rows r..r+R, columns 0..8 lie
+        // inside `acc` (rows < wbs.len(), row stride `stride` ≥ 8).
+        unsafe {
+            while r < wbs.len() {
+                let a = acc.as_mut_ptr().add(r * stride);
+                if r + 4 <= wbs.len() {
+                    let w = [&wbs[r], &wbs[r + 1], &wbs[r + 2], &wbs[r + 3]];
+                    dispatch::<4>(t, w, p, a, stride);
+                    r += 4;
+                } else {
+                    dispatch::<1>(t, [&wbs[r]], p, a, stride);
+                    r += 1;
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dispatch<const R: usize>(
+        t: DType,
+        w: [&WBlock; R],
+        p: *const u8,
+        acc: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded from `block`.
+        unsafe {
+            match t {
+                DType::Q4K => codes::<R, 8, false, true, 0>(w, p, acc, stride),
+                DType::Q5K => codes::<R, 4, false, true, 0>(w, p, acc, stride),
+                DType::Q6K => codes::<R, 2, true, false, 32>(w, p, acc, stride),
+                DType::Q3K => codes::<R, 4, true, false, 4>(w, p, acc, stride),
+                DType::Q2K => codes::<R, 4, true, true, 0>(w, p, acc, stride),
+                DType::IQ4XS => signed::<R>(w, p, acc, stride),
+                _ => unreachable!("checked by supported"),
+            }
+        }
+    }
+
+    /// Unsigned codes: `SPM` four-element steps are summed in 16 bits before each `vpmaddwd`
+    /// with the sub-block's scale (`SPM` × 2 × max code × 127 < 32768 for the codes of the
+    /// types using it).
+    #[inline(always)]
+    unsafe fn codes<
+        const R: usize,
+        const SPM: usize,
+        const SUB16: bool,
+        const HAS_MIN: bool,
+        const BIAS: i32,
+    >(
+        w: [&WBlock; R],
+        p: *const u8,
+        acc: *mut f32,
+        stride: usize,
+    ) {
+        let steps_per_sub = if SUB16 { 4 } else { 8 };
+        let nsub = 64 / steps_per_sub;
+        // SAFETY: p points at one packed block; every read below is inside it or inside the
+        // weight blocks; acc rows 0..R, columns 0..8 are writable (caller).
+        unsafe {
+            let mut s1 = [_mm256_setzero_si256(); R];
+            for s in 0..nsub {
+                for m in 0..steps_per_sub / SPM {
+                    let mut a16 = [_mm256_setzero_si256(); R];
+                    for st in 0..SPM {
+                        let k4 = s * steps_per_sub + m * SPM + st;
+                        let x = _mm256_loadu_si256(p.add(32 * k4) as *const __m256i);
+                        for r in 0..R {
+                            let wv = _mm256_set1_epi32(
+                                (w[r].q.as_ptr().add(4 * k4) as *const i32).read_unaligned(),
+                            );
+                            a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(wv, x));
+                        }
+                    }
+                    for r in 0..R {
+                        let sc = _mm256_set1_epi16(w[r].sc[s]);
+                        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(a16[r], sc));
+                    }
+                }
+            }
+            let yd = _mm256_loadu_ps(p.add(OFF_D) as *const f32);
+            for r in 0..R {
+                let mut s1r = s1[r];
+                let mut s2 = _mm256_setzero_si256();
+                if HAS_MIN || BIAS != 0 {
+                    // Σ_s (min or scale)_s · Σ_{e∈s} x_e, two sub-blocks per vpmaddwd
+                    let (off, np) = if SUB16 { (OFF_BS16, 8) } else { (OFF_BS32, 4) };
+                    for q in 0..np {
+                        let bs = _mm256_loadu_si256(p.add(off + 32 * q) as *const __m256i);
+                        let pr = _mm256_set1_epi32(w[r].pairs[q] as i32);
+                        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(pr, bs));
+                    }
+                }
+                if BIAS != 0 {
+                    s1r = _mm256_sub_epi32(s1r, _mm256_mullo_epi32(s2, _mm256_set1_epi32(BIAS)));
+                }
+                let mut res = _mm256_mul_ps(_mm256_set1_ps(w[r].d), _mm256_cvtepi32_ps(s1r));
+                if HAS_MIN {
+                    res = _mm256_fnmadd_ps(_mm256_set1_ps(w[r].dmin), _mm256_cvtepi32_ps(s2), res);
+                }
+                let a = acc.add(r * stride);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(a)));
+            }
+        }
+    }
+
+    /// iq4_xs: signed codebook values up to ±127, so each step goes through `vpmaddwd` with
+    /// the scale at once (|w| · (x with w's sign), as ggml's kernels do).
+    #[inline(always)]
+    unsafe fn signed<const R: usize>(w: [&WBlock; R], p: *const u8, acc: *mut f32, stride: usize) {
+        // SAFETY: as in `codes`.
+        unsafe {
+            let mut s1 = [_mm256_setzero_si256(); R];
+            for s in 0..8 {
+                let sc: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi16(w[r].sc[s]));
+                for st in 0..8 {
+                    let k4 = 8 * s + st;
+                    let x = _mm256_loadu_si256(p.add(32 * k4) as *const __m256i);
+                    for r in 0..R {
+                        let wv = _mm256_set1_epi32(
+                            (w[r].q.as_ptr().add(4 * k4) as *const i32).read_unaligned(),
+                        );
+                        let prod =
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
+                        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(prod, sc[r]));
+                    }
+                }
+            }
+            let yd = _mm256_loadu_ps(p.add(OFF_D) as *const f32);
+            for r in 0..R {
+                let res = _mm256_mul_ps(_mm256_set1_ps(w[r].d), _mm256_cvtepi32_ps(s1[r]));
+                let a = acc.add(r * stride);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(a)));
+            }
+        }
+    }
+
+    const _: () = assert!(GROUP == 8);
+}
