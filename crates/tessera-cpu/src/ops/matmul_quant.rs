@@ -139,11 +139,17 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         // buffer belong to column `col`, which only this thread handles.
         unsafe {
             let src = ctx.src[1].add(i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
-            for (kk, t) in tmp.iter_mut().enumerate() {
-                *t = *(src.add(kk * b.nb[0]) as *const f32);
-            }
+            // a contiguous column is read in place; a strided one is gathered first
+            let x: &[f32] = if b.nb[0] == 4 && (src as usize) % 4 == 0 {
+                std::slice::from_raw_parts(src as *const f32, k)
+            } else {
+                for (kk, t) in tmp.iter_mut().enumerate() {
+                    *t = (src.add(kk * b.nb[0]) as *const f32).read_unaligned();
+                }
+                tmp
+            };
             let q = std::slice::from_raw_parts_mut(ctx.wdata.add(col * l.qrow), l.qrow);
-            quantize_activations(vdt, tmp, q).map_err(|e| ctx.err(e))?;
+            quantize_activations(vdt, x, q).map_err(|e| ctx.err(e))?;
             if !has_int_kernel(a.dtype) {
                 let deq = std::slice::from_raw_parts_mut(
                     (ctx.wdata.add(l.deq_off) as *mut f32).add(col * k),
@@ -451,6 +457,24 @@ pub fn quantize_activations(
                 }
             }
             Ok(())
+        }
+        DType::Q8K => {
+            if x.len() % 256 != 0 || y.len() != x.len() / 256 * 292 {
+                return Err(format!("{vdt}: {} values into {} bytes", x.len(), y.len()));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::isa() >= Isa::Avx2 && crate::simd::isa() != Isa::Neon {
+                for (xb, yb) in x.chunks_exact(256).zip(y.chunks_exact_mut(292)) {
+                    // SAFETY: AVX2/FMA/F16C present; 256 floats in, 292 bytes out.
+                    let done = unsafe { avx2::quantize_block_q8k(xb.as_ptr(), yb.as_mut_ptr()) };
+                    if !done {
+                        tessera_quants::quantize_row(vdt.id(), xb, yb, None)
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                return Ok(());
+            }
+            tessera_quants::quantize_row(vdt.id(), x, y, None).map_err(|e| e.to_string())
         }
         _ => tessera_quants::quantize_row(vdt.id(), x, y, None).map_err(|e| e.to_string()),
     }
@@ -927,6 +951,76 @@ mod avx2 {
 
     /// One block of 32 activations to q8_0 (or q8_1 with its sum), as ggml's AVX2
     /// `quantize_row_q8_0/1` does; the same bytes as `quantize_activations`' scalar form.
+
+    /// One q8_K block (256 floats → 292 bytes) exactly as ggml's reference quantizer, which
+    /// ggml's x86 backend uses: the element of largest magnitude (the first such) sets
+    /// `iscale = −127/max`, values round half to even (`nearest_int` is that for |v| < 2²²),
+    /// sums of 16, `d = 1/iscale`. Returns false, writing nothing, when the block holds a NaN
+    /// or an infinity or the scale overflows: the scalar code defines those bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize_block_q8k(x: *const f32, y: *mut u8) -> bool {
+        // SAFETY: 256 readable floats at x; 292 writable bytes at y (caller).
+        unsafe {
+            let sign = _mm256_set1_ps(-0.0);
+            let v: [__m256; 32] = std::array::from_fn(|j| _mm256_loadu_ps(x.add(8 * j)));
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            let mut unord = _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]);
+            for vi in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+                unord = _mm256_or_ps(unord, _mm256_cmp_ps::<_CMP_UNORD_Q>(*vi, *vi));
+            }
+            if _mm256_movemask_ps(unord) != 0 {
+                return false;
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            if amax == 0.0 || !amax.is_finite() {
+                return false;
+            }
+            // the first element whose magnitude is amax
+            let am = _mm256_set1_ps(amax);
+            let mut max = 0f32;
+            for (j, vi) in v.iter().enumerate() {
+                let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                    _mm256_andnot_ps(sign, *vi),
+                    am,
+                ));
+                if hit != 0 {
+                    max = *x.add(8 * j + hit.trailing_zeros() as usize);
+                    break;
+                }
+            }
+            let iscale = -127.0f32 / max;
+            if !iscale.is_finite() {
+                return false;
+            }
+            let mul = _mm256_set1_ps(iscale);
+            let ones = _mm256_set1_epi8(1);
+            let ones16 = _mm256_set1_epi16(1);
+            let mut sums = [[0i32; 2]; 8];
+            for c in 0..8 {
+                let q: [__m256i; 4] =
+                    std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[4 * c + j], mul)));
+                let p01 = _mm256_packs_epi32(q[0], q[1]);
+                let p23 = _mm256_packs_epi32(q[2], q[3]);
+                let p = _mm256_packs_epi16(p01, p23);
+                let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(y.add(4 + 32 * c) as *mut __m256i, p);
+                // sums of 16: pairs, then quads (i32), then two horizontal adds per half
+                let quads = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, p), ones16);
+                let h = _mm256_hadd_epi32(quads, quads);
+                let h = _mm256_hadd_epi32(h, h);
+                sums[c] = [_mm256_extract_epi32::<0>(h), _mm256_extract_epi32::<4>(h)];
+            }
+            for (c, [lo, hi]) in sums.iter().enumerate() {
+                (y.add(260 + 4 * c) as *mut i16).write_unaligned(*lo as i16);
+                (y.add(262 + 4 * c) as *mut i16).write_unaligned(*hi as i16);
+            }
+            (y as *mut f32).write_unaligned(1.0 / iscale);
+            true
+        }
+    }
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_block_q8(x: *const f32, y: *mut u8, q8_1: bool) {
         // SAFETY: 32 readable floats at x; 34 (q8_0) or 36 (q8_1) writable bytes at y.
@@ -1064,6 +1158,36 @@ mod tests {
                     assert_eq!(simd, scalar, "{vdt} seed {seed}");
                 }
             }
+        }
+    }
+
+    /// The AVX2 q8_K quantizer writes the reference quantizer's bytes (ggml's, which its x86
+    /// backend uses): random blocks, exact halves (ties), ties for the largest magnitude with
+    /// either sign first, zeros, tiny scales, NaN and infinities (those take the scalar code).
+    #[test]
+    fn q8k_quantizer_matches_the_reference() {
+        for seed in 1..60u64 {
+            let mut x = rng_vals(512, seed);
+            match seed % 8 {
+                1 => x
+                    .iter_mut()
+                    .for_each(|v| *v = (*v * 8.0).round() / 8.0 * 127.0),
+                2 => {
+                    x[3] = -2.0;
+                    x[200] = 2.0; // equal magnitude later: the first one sets the sign
+                }
+                3 => x[..256].fill(0.0),
+                4 => x.iter_mut().for_each(|v| *v *= 1e-38),
+                5 => x[77] = f32::NAN,
+                6 => x[300] = f32::INFINITY,
+                7 => x[5] = f32::NEG_INFINITY,
+                _ => {}
+            }
+            let mut want = vec![0u8; 2 * 292];
+            tessera_quants::quantize_row(DType::Q8K.id(), &x, &mut want, None).unwrap();
+            let mut got = vec![0u8; 2 * 292];
+            quantize_activations(DType::Q8K, &x, &mut got).unwrap();
+            assert_eq!(got, want, "seed {seed}");
         }
     }
 
