@@ -75,7 +75,7 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     let tiled = super::qgemm_k::applies(a.dtype, b.ne[1]);
     let packed = if tiled {
         let groups = b.ne[1].div_ceil(super::qgemm_k::GROUP) * b.ne[2] * b.ne[3];
-        (groups * (k / 256) * super::qgemm_k::PACKED).next_multiple_of(64)
+        (groups * (k / 256) * super::qgemm_k::packed_bytes(a.dtype)).next_multiple_of(64)
     } else {
         0
     };
@@ -165,6 +165,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
         let gpb = b.ne[1].div_ceil(qgemm_k::GROUP);
         let nb = k / 256;
+        let pb = qgemm_k::packed_bytes(a.dtype);
         for g in ctx.share(gpb * b.ne[2] * b.ne[3]) {
             let (batch, gi) = (g / gpb, g % gpb);
             let first = gi * qgemm_k::GROUP;
@@ -184,10 +185,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     })
                 });
                 let out = std::slice::from_raw_parts_mut(
-                    ctx.wdata.add(l.packed_off + g * nb * qgemm_k::PACKED),
-                    nb * qgemm_k::PACKED,
+                    ctx.wdata.add(l.packed_off + g * nb * pb),
+                    nb * pb,
                 );
-                qgemm_k::pack_group(&cols, nb, out);
+                qgemm_k::pack_group(a.dtype, &cols, nb, out);
             }
         }
         ctx.barrier();
@@ -203,7 +204,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     let batch = qgemm_k::Batch {
                         a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
                         a_nb1: a.nb[1],
-                        packed: ctx.wdata.add(l.packed_off + g0 * nb * qgemm_k::PACKED),
+                        packed: ctx.wdata.add(l.packed_off + g0 * nb * pb),
                         groups: gpb,
                         cols: b.ne[1],
                         dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),

@@ -40,13 +40,27 @@ const QK_K: usize = 256;
 const Q8K: usize = 4 + QK_K + 32;
 /// Columns packed together.
 pub const GROUP: usize = 8;
-/// Bytes of one packed (column group, block): the 256 activations of eight columns interleaved
-/// by four (`[64][8][4]`), the eight columns' scales (f32), their sums of 16 in pairs
+/// Bytes of one packed (column group, block) for weights of type `t`: the 256 activations of
+/// eight columns interleaved by four (`[64][8][4]`; for iq4_xs twice, as the high and low
+/// nibbles of x + 128), the eight columns' scales (f32), their sums of 16 in pairs
 /// (`[8][8][2]` i16) and their sums of 32 in pairs (`[4][8][2]` i16).
-pub const PACKED: usize = 2048 + 32 + 256 + 128;
-const OFF_D: usize = 2048;
-const OFF_BS16: usize = 2080;
-const OFF_BS32: usize = 2336;
+pub fn packed_bytes(t: DType) -> usize {
+    qx_bytes(t) + 32 + 256 + 128
+}
+
+fn qx_bytes(t: DType) -> usize {
+    if t == DType::IQ4XS {
+        4096
+    } else {
+        2048
+    }
+}
+
+/// Offsets in a packed block of the scales, the sums of 16 and the sums of 32.
+fn offsets(t: DType) -> (usize, usize, usize) {
+    let q = qx_bytes(t);
+    (q, q + 32, q + 288)
+}
 
 /// Weight types this path computes.
 pub fn supported(t: DType) -> bool {
@@ -142,6 +156,15 @@ fn pair(a: i16, b: i16) -> u32 {
 
 /// Unpacks one weight block of type `t` (the bytes at the start of `w`).
 pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
+    scales(t, w, o);
+    codes(t, w, o);
+    if t == DType::IQ4XS {
+        iq4_corr(o);
+    }
+}
+
+/// The f32 scales, sub-block scales and pairs of a block.
+fn scales(t: DType, w: &[u8], o: &mut WBlock) {
     match t {
         DType::Q4K | DType::Q5K => {
             o.d = f16_at(w, 0);
@@ -153,13 +176,74 @@ pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
             for p in 0..4 {
                 o.pairs[p] = pair(sm[8 + 2 * p] as i16, sm[9 + 2 * p] as i16);
             }
+        }
+        DType::Q6K => {
+            o.d = f16_at(w, 208);
+            o.dmin = 0.0;
+            for s in 0..16 {
+                o.sc[s] = w[192 + s] as i8 as i16;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
+            }
+        }
+        DType::Q3K => {
+            o.d = f16_at(w, 108);
+            o.dmin = 0.0;
+            let sc = words_to_bytes(q3k_scales(&w[96..108]));
+            for s in 0..16 {
+                o.sc[s] = sc[s] as i16 - 32;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
+            }
+        }
+        DType::Q2K => {
+            o.d = f16_at(w, 80);
+            o.dmin = f16_at(w, 82);
+            for s in 0..16 {
+                o.sc[s] = (w[s] & 15) as i16;
+            }
+            for p in 0..8 {
+                o.pairs[p] = pair((w[2 * p] >> 4) as i16, (w[2 * p + 1] >> 4) as i16);
+            }
+        }
+        DType::IQ4XS => {
+            o.d = f16_at(w, 0);
+            o.dmin = 0.0;
+            let sh = u16::from_le_bytes([w[2], w[3]]);
+            for ib in 0..8 {
+                let ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15)
+                    | ((((sh >> (2 * ib)) & 3) as u8) << 4);
+                o.sc[ib] = ls as i16 - 32;
+            }
+        }
+        _ => unreachable!("qgemm_k: {t} is not supported (checked by the caller)"),
+    }
+}
+
+/// The codes of a block, in element order.
+fn codes(t: DType, w: &[u8], o: &mut WBlock) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() && matches!(t, DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS) {
+        assert!(w.len() >= t.type_size(), "qgemm_k: short {t} block");
+        // SAFETY: AVX2 present (checked); the block's bytes are readable (asserted).
+        unsafe { avx2::unpack_codes(t, w.as_ptr(), &mut o.q) };
+        return;
+    }
+    codes_scalar(t, w, &mut o.q);
+}
+
+pub(crate) fn codes_scalar(t: DType, w: &[u8], q: &mut [u8; QK_K]) {
+    match t {
+        DType::Q4K | DType::Q5K => {
             let qs = if t == DType::Q4K {
                 &w[16..144]
             } else {
                 &w[48..176]
             };
             for j in 0..4 {
-                let (lo, hi) = o.q[64 * j..64 * j + 64].split_at_mut(32);
+                let (lo, hi) = q[64 * j..64 * j + 64].split_at_mut(32);
                 for l in 0..32 {
                     let v = qs[32 * j + l];
                     lo[l] = v & 15;
@@ -170,25 +254,17 @@ pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
                 let qh = &w[16..48];
                 for j in 0..4 {
                     for l in 0..32 {
-                        o.q[64 * j + l] |= ((qh[l] >> (2 * j)) & 1) << 4;
-                        o.q[64 * j + 32 + l] |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                        q[64 * j + l] |= ((qh[l] >> (2 * j)) & 1) << 4;
+                        q[64 * j + 32 + l] |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
                     }
                 }
             }
         }
         DType::Q6K => {
-            let (ql, qh, sc) = (&w[0..128], &w[128..192], &w[192..208]);
-            o.d = f16_at(w, 208);
-            o.dmin = 0.0;
-            for s in 0..16 {
-                o.sc[s] = sc[s] as i8 as i16;
-            }
-            for p in 0..8 {
-                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
-            }
+            let (ql, qh) = (&w[0..128], &w[128..192]);
             for n in 0..2 {
                 let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
-                let q = &mut o.q[128 * n..128 * n + 128];
+                let q = &mut q[128 * n..128 * n + 128];
                 for l in 0..32 {
                     q[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
                     q[32 + l] = (ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4);
@@ -199,61 +275,51 @@ pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
         }
         DType::Q3K => {
             let (hm, qs) = (&w[0..32], &w[32..96]);
-            o.d = f16_at(w, 108);
-            o.dmin = 0.0;
-            let sc = words_to_bytes(q3k_scales(&w[96..108]));
-            for s in 0..16 {
-                o.sc[s] = sc[s] as i16 - 32;
-            }
-            for p in 0..8 {
-                o.pairs[p] = pair(o.sc[2 * p], o.sc[2 * p + 1]);
-            }
             for n in 0..2 {
                 for j in 0..4 {
                     for l in 0..32 {
                         let low = (qs[32 * n + l] >> (2 * j)) & 3;
                         let high = (hm[l] >> (4 * n + j)) & 1;
-                        o.q[128 * n + 32 * j + l] = low | (high << 2);
+                        q[128 * n + 32 * j + l] = low | (high << 2);
                     }
                 }
             }
         }
         DType::Q2K => {
-            let (sc, qs) = (&w[0..16], &w[16..80]);
-            o.d = f16_at(w, 80);
-            o.dmin = f16_at(w, 82);
-            for s in 0..16 {
-                o.sc[s] = (sc[s] & 15) as i16;
-            }
-            for p in 0..8 {
-                o.pairs[p] = pair((sc[2 * p] >> 4) as i16, (sc[2 * p + 1] >> 4) as i16);
-            }
+            let qs = &w[16..80];
             for n in 0..2 {
                 for j in 0..4 {
                     for l in 0..32 {
-                        o.q[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
+                        q[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
                     }
                 }
             }
         }
         DType::IQ4XS => {
-            o.d = f16_at(w, 0);
-            o.dmin = 0.0;
-            let sh = u16::from_le_bytes([w[2], w[3]]);
-            let (sl, qs) = (&w[4..8], &w[8..136]);
+            let qs = &w[8..136];
             for ib in 0..8 {
-                let ls =
-                    ((sl[ib / 2] >> (4 * (ib % 2))) & 15) | ((((sh >> (2 * ib)) & 3) as u8) << 4);
-                o.sc[ib] = ls as i16 - 32;
                 for j in 0..16 {
                     let v = qs[16 * ib + j];
-                    o.q[32 * ib + j] = KVALUES_IQ4NL[(v & 15) as usize] as u8;
-                    o.q[32 * ib + 16 + j] = KVALUES_IQ4NL[(v >> 4) as usize] as u8;
+                    q[32 * ib + j] = KVALUES_IQ4NL[(v & 15) as usize] as u8;
+                    q[32 * ib + 16 + j] = KVALUES_IQ4NL[(v >> 4) as usize] as u8;
                 }
             }
         }
         _ => unreachable!("qgemm_k: {t} is not supported (checked by the caller)"),
     }
+}
+
+/// iq4_xs: the kernel multiplies x + 128, so 128 · Σ_s scale_s · Σ_{e∈s} w_e comes off.
+fn iq4_corr(o: &mut WBlock) {
+    let mut corr = 0i32;
+    for ib in 0..8 {
+        let ws: i32 = o.q[32 * ib..32 * ib + 32]
+            .iter()
+            .map(|&v| v as i8 as i32)
+            .sum();
+        corr += o.sc[ib] as i32 * ws;
+    }
+    o.pairs[0] = (128 * corr) as u32;
 }
 
 /// ggml's tiled result for one weight row `w` (`k` elements of `t`) and one q8_K column `x`:
@@ -306,39 +372,51 @@ pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 /// Packs up to eight q8_K columns (`None`: a zero column) of `nb` blocks into `out`
-/// (`nb * PACKED` bytes), block after block.
-pub fn pack_group(cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
-    assert!(out.len() >= nb * PACKED, "qgemm_k: packed group too short");
+/// (`nb * packed_bytes(t)` bytes), block after block, for weights of type `t`.
+pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
+    let pb = packed_bytes(t);
+    let (od, o16, o32) = offsets(t);
+    let nibbles = t == DType::IQ4XS;
+    assert!(out.len() >= nb * pb, "qgemm_k: packed group too short");
     for b in 0..nb {
-        let o = &mut out[b * PACKED..(b + 1) * PACKED];
+        let o = &mut out[b * pb..(b + 1) * pb];
         for (c, col) in cols.iter().enumerate() {
             let Some(col) = col else {
-                for k4 in 0..64 {
+                for k4 in 0..qx_bytes(t) / 32 {
                     o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4].fill(0);
                 }
-                o[OFF_D + 4 * c..OFF_D + 4 * c + 4].fill(0);
+                o[od + 4 * c..od + 4 * c + 4].fill(0);
                 for p in 0..8 {
-                    o[OFF_BS16 + 32 * p + 4 * c..OFF_BS16 + 32 * p + 4 * c + 4].fill(0);
+                    o[o16 + 32 * p + 4 * c..o16 + 32 * p + 4 * c + 4].fill(0);
                 }
                 for p in 0..4 {
-                    o[OFF_BS32 + 32 * p + 4 * c..OFF_BS32 + 32 * p + 4 * c + 4].fill(0);
+                    o[o32 + 32 * p + 4 * c..o32 + 32 * p + 4 * c + 4].fill(0);
                 }
                 continue;
             };
             let xb = &col[b * Q8K..(b + 1) * Q8K];
             for k4 in 0..64 {
-                o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4]
-                    .copy_from_slice(&xb[4 + 4 * k4..8 + 4 * k4]);
+                let x = &xb[4 + 4 * k4..8 + 4 * k4];
+                if nibbles {
+                    // x + 128 = 16·high + low, both 0..15
+                    for e in 0..4 {
+                        let u = (x[e] as i8 as i32 + 128) as u8;
+                        o[32 * k4 + 4 * c + e] = u >> 4;
+                        o[2048 + 32 * k4 + 4 * c + e] = u & 15;
+                    }
+                } else {
+                    o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4].copy_from_slice(x);
+                }
             }
-            o[OFF_D + 4 * c..OFF_D + 4 * c + 4].copy_from_slice(&xb[0..4]);
+            o[od + 4 * c..od + 4 * c + 4].copy_from_slice(&xb[0..4]);
             let bs = |j: usize| i16::from_le_bytes([xb[260 + 2 * j], xb[261 + 2 * j]]);
             for p in 0..8 {
-                let at = OFF_BS16 + 32 * p + 4 * c;
+                let at = o16 + 32 * p + 4 * c;
                 o[at..at + 2].copy_from_slice(&bs(2 * p).to_le_bytes());
                 o[at + 2..at + 4].copy_from_slice(&bs(2 * p + 1).to_le_bytes());
             }
             for p in 0..4 {
-                let at = OFF_BS32 + 32 * p + 4 * c;
+                let at = o32 + 32 * p + 4 * c;
                 let s32 = |s: usize| bs(2 * s) + bs(2 * s + 1);
                 o[at..at + 2].copy_from_slice(&s32(2 * p).to_le_bytes());
                 o[at + 2..at + 4].copy_from_slice(&s32(2 * p + 1).to_le_bytes());
@@ -352,7 +430,7 @@ pub struct Batch {
     /// First weight row of the batch, and the bytes between rows.
     pub a: *const u8,
     pub a_nb1: usize,
-    /// The batch's packed column groups (`groups * nb * PACKED` bytes).
+    /// The batch's packed column groups (`groups * nb * packed_bytes(t)` bytes).
     pub packed: *const u8,
     pub groups: usize,
     /// Valid columns (the last group may be padded).
@@ -379,6 +457,7 @@ pub unsafe fn run(
 ) {
     let nb = k / QK_K;
     let bsz = t.type_size();
+    let pb = packed_bytes(t);
     let al = scratch.align_offset(32);
     // SAFETY: the scratch holds RB WBlocks after aligning to 32 and then RB·GC·8 f32 (caller).
     let (wbs, accs) = unsafe {
@@ -417,7 +496,7 @@ pub unsafe fn run(
                 }
                 for g in 0..gn {
                     // SAFETY: group g0 + g < groups, block blk < nb (caller's packed layout).
-                    let pk = unsafe { b.packed.add(((g0 + g) * nb + blk) * PACKED) };
+                    let pk = unsafe { b.packed.add(((g0 + g) * nb + blk) * pb) };
                     let acc = &mut accs[g * GROUP..];
                     if simd {
                         #[cfg(target_arch = "x86_64")]
@@ -427,8 +506,8 @@ pub unsafe fn run(
                             avx2::block(t, &wbs[..rn], pk, acc, stride)
                         };
                     } else {
-                        // SAFETY: pk points at PACKED readable bytes (caller).
-                        let p = unsafe { std::slice::from_raw_parts(pk, PACKED) };
+                        // SAFETY: pk points at one packed block (caller).
+                        let p = unsafe { std::slice::from_raw_parts(pk, pb) };
                         scalar_block(t, &wbs[..rn], p, acc, stride);
                     }
                 }
@@ -455,7 +534,17 @@ pub unsafe fn run(
 fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usize) {
     let f = fmt(t);
     let sub = if f.sub16 { 16 } else { 32 };
+    let (od, o16, o32) = offsets(t);
     let i16_at = |at: usize| i16::from_le_bytes([p[at], p[at + 1]]) as i32;
+    // activation e of column c
+    let x_at = |e: usize, c: usize| {
+        let at = 32 * (e / 4) + 4 * c + e % 4;
+        if t == DType::IQ4XS {
+            16 * p[at] as i32 + p[2048 + at] as i32 - 128
+        } else {
+            p[at] as i8 as i32
+        }
+    };
     for (r, wb) in wbs.iter().enumerate() {
         for c in 0..GROUP {
             let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
@@ -467,12 +556,12 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
                     } else {
                         wb.q[e] as i32
                     };
-                    dot += wv * p[32 * (e / 4) + 4 * c + e % 4] as i8 as i32;
+                    dot += wv * x_at(e, c);
                 }
                 let xsum = if f.sub16 {
-                    i16_at(OFF_BS16 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
+                    i16_at(o16 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
                 } else {
-                    i16_at(OFF_BS32 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
+                    i16_at(o32 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
                 };
                 s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
                 corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
@@ -488,10 +577,10 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
                 res = (-wb.dmin).mul_add(s2 as f32, res);
             }
             let yd = f32::from_le_bytes([
-                p[OFF_D + 4 * c],
-                p[OFF_D + 4 * c + 1],
-                p[OFF_D + 4 * c + 2],
-                p[OFF_D + 4 * c + 3],
+                p[od + 4 * c],
+                p[od + 4 * c + 1],
+                p[od + 4 * c + 2],
+                p[od + 4 * c + 3],
             ]);
             let a = &mut acc[r * stride + c];
             *a = res.mul_add(yd, *a);
@@ -507,10 +596,81 @@ mod avx2 {
 
     use tessera::DType;
 
-    use super::{WBlock, GROUP, OFF_BS16, OFF_BS32, OFF_D};
+    use super::{WBlock, GROUP, KVALUES_IQ4NL};
+
+    /// Offsets in a packed block of the non-iq4_xs types (`super::offsets`).
+    const OFF_D: usize = 2048;
+    const OFF_BS16: usize = 2080;
+    const OFF_BS32: usize = 2336;
 
     pub fn available() -> bool {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// The codes of one q4_K, q5_K, q6_K or iq4_xs block at `w` (as `codes_scalar`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn unpack_codes(t: DType, w: *const u8, q: &mut [u8; 256]) {
+        // SAFETY: one block of t at w (caller); 256 bytes at q.
+        unsafe {
+            let m4 = _mm256_set1_epi8(15);
+            let qp = q.as_mut_ptr();
+            let st = |at: usize, v: __m256i| _mm256_storeu_si256(qp.add(at) as *mut __m256i, v);
+            let ld = |at: usize| _mm256_loadu_si256(w.add(at) as *const __m256i);
+            match t {
+                DType::Q4K | DType::Q5K => {
+                    let qs = if t == DType::Q4K { 16 } else { 48 };
+                    let qh = ld(16);
+                    let one = _mm256_set1_epi8(1);
+                    for j in 0..4 {
+                        let v = ld(qs + 32 * j);
+                        let mut lo = _mm256_and_si256(v, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                        if t == DType::Q5K {
+                            let sh = _mm_cvtsi32_si128(2 * j as i32);
+                            let b0 = _mm256_and_si256(_mm256_srl_epi16(qh, sh), one);
+                            let sh1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
+                            let b1 = _mm256_and_si256(_mm256_srl_epi16(qh, sh1), one);
+                            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(b0));
+                            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(b1));
+                        }
+                        st(64 * j, lo);
+                        st(64 * j + 32, hi);
+                    }
+                }
+                DType::Q6K => {
+                    let m3 = _mm256_set1_epi8(3);
+                    for n in 0..2 {
+                        let (l0, l1, h) = (ld(64 * n), ld(64 * n + 32), ld(128 + 32 * n));
+                        let hb = |s: i32| {
+                            let v = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(s)), m3);
+                            _mm256_slli_epi16::<4>(v)
+                        };
+                        st(128 * n, _mm256_or_si256(_mm256_and_si256(l0, m4), hb(0)));
+                        st(
+                            128 * n + 32,
+                            _mm256_or_si256(_mm256_and_si256(l1, m4), hb(2)),
+                        );
+                        let l0h = _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4);
+                        let l1h = _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4);
+                        st(128 * n + 64, _mm256_or_si256(l0h, hb(4)));
+                        st(128 * n + 96, _mm256_or_si256(l1h, hb(6)));
+                    }
+                }
+                DType::IQ4XS => {
+                    let values = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                    let m4 = _mm_set1_epi8(15);
+                    for ib in 0..8 {
+                        let v = _mm_loadu_si128(w.add(8 + 16 * ib) as *const __m128i);
+                        let lo = _mm_shuffle_epi8(values, _mm_and_si128(v, m4));
+                        let hi =
+                            _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(v), m4));
+                        _mm_storeu_si128(qp.add(32 * ib) as *mut __m128i, lo);
+                        _mm_storeu_si128(qp.add(32 * ib + 16) as *mut __m128i, hi);
+                    }
+                }
+                _ => unreachable!("checked by the caller"),
+            }
+        }
     }
 
     /// One block of every row in `wbs` against one packed group, four rows at a time.
@@ -550,7 +710,7 @@ mod avx2 {
                 DType::Q6K => codes::<R, 2, true, false, 32>(w, p, acc, stride),
                 DType::Q3K => codes::<R, 4, true, false, 4>(w, p, acc, stride),
                 DType::Q2K => codes::<R, 4, true, true, 0>(w, p, acc, stride),
-                DType::IQ4XS => signed::<R>(w, p, acc, stride),
+                DType::IQ4XS => nibbles::<R>(w, p, acc, stride),
                 _ => unreachable!("checked by supported"),
             }
         }
@@ -623,31 +783,40 @@ mod avx2 {
         }
     }
 
-    /// iq4_xs: signed codebook values up to ±127, so each step goes through `vpmaddwd` with
-    /// the scale at once (|w| · (x with w's sign), as ggml's kernels do).
+    /// iq4_xs: signed codebook values up to ±127 against x + 128 split into nibbles (both
+    /// 0..15, packed that way), so eight steps add up in 16 bits as for 4-bit codes:
+    /// Σ w·x = 16·Σ w·high + Σ w·low − 128·Σ w, the last term from the unpacked block.
     #[inline(always)]
-    unsafe fn signed<const R: usize>(w: [&WBlock; R], p: *const u8, acc: *mut f32, stride: usize) {
-        // SAFETY: as in `codes`.
+    unsafe fn nibbles<const R: usize>(w: [&WBlock; R], p: *const u8, acc: *mut f32, stride: usize) {
+        // SAFETY: as in `codes` (the packed block holds 4096 bytes of nibbles first).
         unsafe {
             let mut s1 = [_mm256_setzero_si256(); R];
             for s in 0..8 {
-                let sc: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi16(w[r].sc[s]));
+                let mut ah = [_mm256_setzero_si256(); R];
+                let mut al = [_mm256_setzero_si256(); R];
                 for st in 0..8 {
                     let k4 = 8 * s + st;
-                    let x = _mm256_loadu_si256(p.add(32 * k4) as *const __m256i);
+                    let xh = _mm256_loadu_si256(p.add(32 * k4) as *const __m256i);
+                    let xl = _mm256_loadu_si256(p.add(2048 + 32 * k4) as *const __m256i);
                     for r in 0..R {
                         let wv = _mm256_set1_epi32(
                             (w[r].q.as_ptr().add(4 * k4) as *const i32).read_unaligned(),
                         );
-                        let prod =
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
-                        s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(prod, sc[r]));
+                        ah[r] = _mm256_add_epi16(ah[r], _mm256_maddubs_epi16(xh, wv));
+                        al[r] = _mm256_add_epi16(al[r], _mm256_maddubs_epi16(xl, wv));
                     }
                 }
+                for r in 0..R {
+                    let sc = w[r].sc[s];
+                    let h = _mm256_madd_epi16(ah[r], _mm256_set1_epi16(16 * sc));
+                    let l = _mm256_madd_epi16(al[r], _mm256_set1_epi16(sc));
+                    s1[r] = _mm256_add_epi32(s1[r], _mm256_add_epi32(h, l));
+                }
             }
-            let yd = _mm256_loadu_ps(p.add(OFF_D) as *const f32);
+            let yd = _mm256_loadu_ps(p.add(4096) as *const f32);
             for r in 0..R {
-                let res = _mm256_mul_ps(_mm256_set1_ps(w[r].d), _mm256_cvtepi32_ps(s1[r]));
+                let s1r = _mm256_sub_epi32(s1[r], _mm256_set1_epi32(w[r].pairs[0] as i32));
+                let res = _mm256_mul_ps(_mm256_set1_ps(w[r].d), _mm256_cvtepi32_ps(s1r));
                 let a = acc.add(r * stride);
                 _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(a)));
             }
@@ -655,4 +824,37 @@ mod avx2 {
     }
 
     const _: () = assert!(GROUP == 8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 code unpacking equals the scalar one on random block bytes (every bit pattern
+    /// of the quantized fields, not just quantizer output).
+    #[test]
+    fn simd_codes_equal_scalar_codes() {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            let mut x = 0x9e37_79b9u32;
+            for t in [DType::Q4K, DType::Q5K, DType::Q6K, DType::IQ4XS] {
+                for _ in 0..50 {
+                    let w: Vec<u8> = (0..t.type_size())
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            x as u8
+                        })
+                        .collect();
+                    let mut a = [0u8; QK_K];
+                    let mut b = [0u8; QK_K];
+                    codes_scalar(t, &w, &mut a);
+                    // SAFETY: AVX2 present; w holds one block.
+                    unsafe { avx2::unpack_codes(t, w.as_ptr(), &mut b) };
+                    assert_eq!(a, b, "{t}");
+                }
+            }
+        }
+    }
 }
