@@ -9,20 +9,30 @@ use common::*;
 use tessera::{DType, Graph, Session};
 use tessera_cpu::ops::{matmul_quant, qgemm_k};
 
-const TYPES: [DType; 6] = [
+/// Every type ggml's tiled path takes.
+const TYPES: [DType; 13] = [
     DType::Q2K,
     DType::Q3K,
     DType::Q4K,
     DType::Q5K,
     DType::Q6K,
     DType::IQ4XS,
+    DType::IQ2XXS,
+    DType::IQ2XS,
+    DType::IQ2S,
+    DType::IQ3XXS,
+    DType::IQ3S,
+    DType::IQ1S,
+    DType::IQ1M,
 ];
 
 fn quantize_rows(t: DType, v: &[f32], k: usize) -> Vec<u8> {
     let rs = t.row_size(k).unwrap();
     let mut out = vec![0u8; rs * (v.len() / k)];
+    // an importance matrix (the iq2/iq1 quantizers require one)
+    let imatrix: Vec<f32> = (0..k).map(|i| 1.0 + (i % 7) as f32).collect();
     for (row, o) in v.chunks_exact(k).zip(out.chunks_exact_mut(rs)) {
-        tessera_quants::quantize_row(t.id(), row, o, None).unwrap();
+        tessera_quants::quantize_row(t.id(), row, o, Some(&imatrix)).unwrap();
     }
     out
 }
@@ -118,13 +128,18 @@ fn the_threshold_is_eight_columns_per_batch() {
     assert!(!qgemm_k::applies(DType::Q4K, 7));
     assert!(qgemm_k::applies(DType::Q4K, 8));
     assert!(!qgemm_k::applies(DType::Q4_0, 64));
-    assert!(!qgemm_k::applies(DType::IQ2XXS, 64));
+    assert!(!qgemm_k::applies(DType::IQ4NL, 64));
+    assert!(!qgemm_k::applies(DType::TQ1_0, 64));
+    for t in TYPES {
+        assert!(qgemm_k::applies(t, 8), "{t}");
+    }
 }
 
 /// ggml's own results: `tests/data/qgemm_ggml.bin` was written by a small C program (not in
 /// this repository) that runs `ggml_mul_mat` with llama.cpp's `libggml-cpu` (plain CPU buffer,
-/// one thread) on each type at [256×4]·[256×8], [512×3]·[512×20] (ggml's 16-column window
-/// and its narrow path both) and [256×17]·[256×9]. Format: `QGEMMFX1`, a u32 count, then per
+/// one thread) on each of the 13 types at [256×4]·[256×8], [512×3]·[512×20] (ggml's 16-column
+/// window and its narrow path both) and [256×17]·[256×9], weights quantized with an importance
+/// matrix of 1 + (i mod 7). Format: `QGEMMFX1`, a u32 count, then per
 /// case u32 type id, K, M, N, seed, weight bytes, the weights (quantized by ggml) and the
 /// M×N f32 result. The activations are not stored: both sides draw them from the seed
 /// (xorshift32, every 97th value 25.0).

@@ -1,6 +1,7 @@
-//! Quantized mat-mat for q2_K, q3_K, q4_K, q5_K, q6_K and iq4_xs weights against eight or more
-//! columns, with the numerics of ggml's tiled k-quant matmul (`ggml-cpu/tiled`, which ggml's CPU
-//! backend uses for these types whenever `b` has at least eight columns).
+//! Quantized mat-mat for the k-quants (q2_K … q6_K) and the codebook types (iq4_xs, iq2_xxs,
+//! iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m) against eight or more columns, with the numerics
+//! of ggml's tiled matmul (`ggml-cpu/tiled`, which ggml's CPU backend uses for exactly these
+//! types whenever `b` has at least eight columns).
 //!
 //! For a weight row, an activation column (quantized to q8_K) and each 256-element block, ggml
 //! forms exact integer sums — S1 = Σ_s scale_s · Σ_{e∈s} w_e·x_e over the sub-blocks s, and for
@@ -25,8 +26,11 @@
 //! column where the one-column kernels take 16 and more.
 //!
 //! Bias-coded types (q6_K's codes are value + 32, q3_K's value + 4) are multiplied as unsigned
-//! codes and corrected by `bias · Σ_s scale_s · Σ_{e∈s} x_e`, exact. iq4_xs's codebook values
-//! reach ±127, so each step is applied at once (`vpsignb` makes the weight operand unsigned).
+//! codes and corrected by `bias · Σ_s scale_s · Σ_{e∈s} x_e`, exact. The codebook and grid
+//! types unpack to signed values (iq4_xs reaches ±127; the grids' odd scales and their 1/8 or
+//! 1/4 factors are split as ggml's tiled unpacking does: the factor into `d`, 8·grid ± 1 for
+//! iq1), so their activations are packed as the nibbles of x + 128, both 0..15, and
+//! Σ w·x = 16·Σ w·high + Σ w·low − 128·Σ w.
 
 // the unpacking follows the formats' index arithmetic, clearer as index loops
 #![allow(clippy::needless_range_loop)]
@@ -49,7 +53,7 @@ pub fn packed_bytes(t: DType) -> usize {
 }
 
 fn qx_bytes(t: DType) -> usize {
-    if t == DType::IQ4XS {
+    if signed(t) {
         4096
     } else {
         2048
@@ -66,7 +70,23 @@ fn offsets(t: DType) -> (usize, usize, usize) {
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS
+        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K
+    ) || signed(t)
+}
+
+/// Types whose unpacked codes are the signed weight values themselves (codebooks and grids);
+/// their activations are packed as nibbles of x + 128.
+fn signed(t: DType) -> bool {
+    matches!(
+        t,
+        DType::IQ4XS
+            | DType::IQ2XXS
+            | DType::IQ2XS
+            | DType::IQ2S
+            | DType::IQ3XXS
+            | DType::IQ3S
+            | DType::IQ1S
+            | DType::IQ1M
     )
 }
 
@@ -144,7 +164,7 @@ fn fmt(t: DType) -> Fmt {
         },
         _ => Fmt {
             has_min: false,
-            sub16: false,
+            sub16: matches!(t, DType::IQ2XS | DType::IQ2S | DType::IQ1M),
             bias: 0,
         },
     }
@@ -156,10 +176,163 @@ fn pair(a: i16, b: i16) -> u32 {
 
 /// Unpacks one weight block of type `t` (the bytes at the start of `w`).
 pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
-    scales(t, w, o);
-    codes(t, w, o);
-    if t == DType::IQ4XS {
-        iq4_corr(o);
+    if signed(t) && t != DType::IQ4XS {
+        iq_grid_values(t, w, o);
+    } else {
+        scales(t, w, o);
+        codes(t, w, o);
+    }
+    if signed(t) {
+        signed_corr(t, o);
+    }
+}
+
+/// The grid types: scales, f32 scale and signed values (ggml's tiled decomposition: the
+/// constant factors 0.125 or 0.25 go into `d`, the odd integer scales into `sc`, iq1's ±1/8
+/// delta becomes value 8·grid ± 1).
+fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
+    use tessera_quants::iq_grids::*;
+    let u16_at = |at: usize| u16::from_le_bytes([w[at], w[at + 1]]);
+    let u32_at = |at: usize| u32::from_le_bytes([w[at], w[at + 1], w[at + 2], w[at + 3]]);
+    let sgn = |signs: u8, j: usize, v: u8| -> u8 {
+        if signs & (1 << j) != 0 {
+            (v as i8).wrapping_neg() as u8
+        } else {
+            v
+        }
+    };
+    o.dmin = 0.0;
+    match t {
+        DType::IQ2XXS => {
+            o.d = f16_at(w, 0) * 0.125;
+            for ib in 0..8 {
+                let (a0, a1) = (u32_at(2 + 8 * ib), u32_at(6 + 8 * ib));
+                o.sc[ib] = (2 * (a1 >> 28) + 1) as i16;
+                for l in 0..4 {
+                    let g = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize].to_le_bytes();
+                    let signs = KSIGNS_IQ2XS[((a1 >> (7 * l)) & 127) as usize];
+                    for j in 0..8 {
+                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g[j]);
+                    }
+                }
+            }
+        }
+        DType::IQ2XS => {
+            o.d = f16_at(w, 0) * 0.125;
+            for ib in 0..8 {
+                let sc = w[66 + ib];
+                o.sc[2 * ib] = (2 * (sc & 15) + 1) as i16;
+                o.sc[2 * ib + 1] = (2 * (sc >> 4) + 1) as i16;
+                for l in 0..4 {
+                    let q = u16_at(2 + 2 * (4 * ib + l));
+                    let g = IQ2XS_GRID[(q & 511) as usize].to_le_bytes();
+                    let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
+                    for j in 0..8 {
+                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g[j]);
+                    }
+                }
+            }
+        }
+        DType::IQ2S => {
+            o.d = f16_at(w, 0) * 0.125;
+            let (qs, signs, qh, scales) = (&w[2..34], &w[34..66], &w[66..74], &w[74..82]);
+            for ib in 0..8 {
+                o.sc[2 * ib] = (2 * (scales[ib] & 15) + 1) as i16;
+                o.sc[2 * ib + 1] = (2 * (scales[ib] >> 4) + 1) as i16;
+                for l in 0..4 {
+                    let idx =
+                        qs[4 * ib + l] as usize | (((qh[ib] as usize) << (8 - 2 * l)) & 0x300);
+                    let g = IQ2S_GRID[idx].to_le_bytes();
+                    for j in 0..8 {
+                        o.q[32 * ib + 8 * l + j] = sgn(signs[4 * ib + l], j, g[j]);
+                    }
+                }
+            }
+        }
+        DType::IQ3XXS => {
+            o.d = f16_at(w, 0) * 0.25;
+            let qs = &w[2..66];
+            for ib in 0..8 {
+                let aux = u32_at(66 + 4 * ib);
+                o.sc[ib] = (2 * (aux >> 28) + 1) as i16;
+                for l in 0..4 {
+                    let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
+                    let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize].to_le_bytes();
+                    let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize].to_le_bytes();
+                    for j in 0..4 {
+                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g1[j]);
+                        o.q[32 * ib + 8 * l + 4 + j] = sgn(signs, j + 4, g2[j]);
+                    }
+                }
+            }
+        }
+        DType::IQ3S => {
+            o.d = f16_at(w, 0);
+            let (qs, qh, signs, scales) = (&w[2..66], &w[66..74], &w[74..106], &w[106..110]);
+            for ib in 0..8 {
+                let sc = scales[ib / 2];
+                let s = if ib % 2 == 0 { sc & 15 } else { sc >> 4 };
+                o.sc[ib] = (1 + 2 * s) as i16;
+                let h = qh[ib] as usize;
+                for l in 0..4 {
+                    let i1 = qs[8 * ib + 2 * l] as usize | ((h << (8 - 2 * l)) & 256);
+                    let i2 = qs[8 * ib + 2 * l + 1] as usize | ((h << (7 - 2 * l)) & 256);
+                    let (g1, g2) = (IQ3S_GRID[i1].to_le_bytes(), IQ3S_GRID[i2].to_le_bytes());
+                    let sg = signs[4 * ib + l];
+                    for j in 0..4 {
+                        o.q[32 * ib + 8 * l + j] = sgn(sg, j, g1[j]);
+                        o.q[32 * ib + 8 * l + 4 + j] = sgn(sg, j + 4, g2[j]);
+                    }
+                }
+            }
+        }
+        DType::IQ1S => {
+            o.d = f16_at(w, 0) * 0.125;
+            let qs = &w[2..34];
+            for ib in 0..8 {
+                let qh = u16_at(34 + 2 * ib);
+                o.sc[ib] = (2 * ((qh >> 12) & 7) + 1) as i16;
+                let delta: i8 = if qh & 0x8000 != 0 { -1 } else { 1 };
+                for l in 0..4 {
+                    let idx = qs[4 * ib + l] as usize | ((((qh >> (3 * l)) & 7) as usize) << 8);
+                    let g = IQ1S_GRID[idx].to_le_bytes();
+                    for j in 0..8 {
+                        o.q[32 * ib + 8 * l + j] = (8 * (g[j] as i8) + delta) as u8;
+                    }
+                }
+            }
+        }
+        DType::IQ1M => {
+            let (qs, qh) = (&w[0..32], &w[32..48]);
+            let sc: [u16; 4] = std::array::from_fn(|i| u16_at(48 + 2 * i));
+            let bits = (sc[0] >> 12)
+                | ((sc[1] >> 8) & 0x00f0)
+                | ((sc[2] >> 4) & 0x0f00)
+                | (sc[3] & 0xf000);
+            o.d = half::f16::from_bits(bits).to_f32() * 0.125;
+            for ib in 0..8 {
+                let s = sc[ib / 2] >> (6 * (ib % 2));
+                o.sc[2 * ib] = (2 * (s & 7) + 1) as i16;
+                o.sc[2 * ib + 1] = (2 * ((s >> 3) & 7) + 1) as i16;
+                let (h0, h1) = (qh[2 * ib] as usize, qh[2 * ib + 1] as usize);
+                let q = &qs[4 * ib..4 * ib + 4];
+                let idx = [
+                    q[0] as usize | ((h0 << 8) & 0x700),
+                    q[1] as usize | ((h0 << 4) & 0x700),
+                    q[2] as usize | ((h1 << 8) & 0x700),
+                    q[3] as usize | ((h1 << 4) & 0x700),
+                ];
+                let dbits = [h0 & 0x08, h0 & 0x80, h1 & 0x08, h1 & 0x80];
+                for l in 0..4 {
+                    let g = IQ1S_GRID[idx[l]].to_le_bytes();
+                    let delta: i8 = if dbits[l] != 0 { -1 } else { 1 };
+                    for j in 0..8 {
+                        o.q[32 * ib + 8 * l + j] = (8 * (g[j] as i8) + delta) as u8;
+                    }
+                }
+            }
+        }
+        _ => unreachable!("qgemm_k: {t} is not a grid type"),
     }
 }
 
@@ -309,15 +482,17 @@ pub(crate) fn codes_scalar(t: DType, w: &[u8], q: &mut [u8; QK_K]) {
     }
 }
 
-/// iq4_xs: the kernel multiplies x + 128, so 128 · Σ_s scale_s · Σ_{e∈s} w_e comes off.
-fn iq4_corr(o: &mut WBlock) {
+/// The signed types: the kernel multiplies x + 128, so 128 · Σ_s scale_s · Σ_{e∈s} w_e comes
+/// off (kept in `pairs[0]`).
+fn signed_corr(t: DType, o: &mut WBlock) {
+    let sub = if fmt(t).sub16 { 16 } else { 32 };
     let mut corr = 0i32;
-    for ib in 0..8 {
-        let ws: i32 = o.q[32 * ib..32 * ib + 32]
+    for s in 0..QK_K / sub {
+        let ws: i32 = o.q[sub * s..sub * (s + 1)]
             .iter()
             .map(|&v| v as i8 as i32)
             .sum();
-        corr += o.sc[ib] as i32 * ws;
+        corr += o.sc[s] as i32 * ws;
     }
     o.pairs[0] = (128 * corr) as u32;
 }
@@ -341,7 +516,7 @@ pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         for s in 0..QK_K / sub {
             let mut dot = 0i32;
             for e in s * sub..(s + 1) * sub {
-                let wv = if t == DType::IQ4XS {
+                let wv = if signed(t) {
                     wb.q[e] as i8 as i32
                 } else {
                     wb.q[e] as i32
@@ -376,7 +551,7 @@ pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
     let pb = packed_bytes(t);
     let (od, o16, o32) = offsets(t);
-    let nibbles = t == DType::IQ4XS;
+    let nibbles = signed(t);
     assert!(out.len() >= nb * pb, "qgemm_k: packed group too short");
     for b in 0..nb {
         let o = &mut out[b * pb..(b + 1) * pb];
@@ -539,7 +714,7 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
     // activation e of column c
     let x_at = |e: usize, c: usize| {
         let at = 32 * (e / 4) + 4 * c + e % 4;
-        if t == DType::IQ4XS {
+        if signed(t) {
             16 * p[at] as i32 + p[2048 + at] as i32 - 128
         } else {
             p[at] as i8 as i32
@@ -551,7 +726,7 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
             for s in 0..QK_K / sub {
                 let mut dot = 0i32;
                 for e in s * sub..(s + 1) * sub {
-                    let wv = if t == DType::IQ4XS {
+                    let wv = if signed(t) {
                         wb.q[e] as i8 as i32
                     } else {
                         wb.q[e] as i32
@@ -710,7 +885,10 @@ mod avx2 {
                 DType::Q6K => codes::<R, 2, true, false, 32>(w, p, acc, stride),
                 DType::Q3K => codes::<R, 4, true, false, 4>(w, p, acc, stride),
                 DType::Q2K => codes::<R, 4, true, true, 0>(w, p, acc, stride),
-                DType::IQ4XS => nibbles::<R>(w, p, acc, stride),
+                DType::IQ4XS | DType::IQ2XXS | DType::IQ3XXS | DType::IQ3S | DType::IQ1S => {
+                    nibbles::<R, false>(w, p, acc, stride)
+                }
+                DType::IQ2XS | DType::IQ2S | DType::IQ1M => nibbles::<R, true>(w, p, acc, stride),
                 _ => unreachable!("checked by supported"),
             }
         }
@@ -787,15 +965,21 @@ mod avx2 {
     /// 0..15, packed that way), so eight steps add up in 16 bits as for 4-bit codes:
     /// Σ w·x = 16·Σ w·high + Σ w·low − 128·Σ w, the last term from the unpacked block.
     #[inline(always)]
-    unsafe fn nibbles<const R: usize>(w: [&WBlock; R], p: *const u8, acc: *mut f32, stride: usize) {
+    unsafe fn nibbles<const R: usize, const SUB16: bool>(
+        w: [&WBlock; R],
+        p: *const u8,
+        acc: *mut f32,
+        stride: usize,
+    ) {
+        let steps = if SUB16 { 4 } else { 8 };
         // SAFETY: as in `codes` (the packed block holds 4096 bytes of nibbles first).
         unsafe {
             let mut s1 = [_mm256_setzero_si256(); R];
-            for s in 0..8 {
+            for s in 0..64 / steps {
                 let mut ah = [_mm256_setzero_si256(); R];
                 let mut al = [_mm256_setzero_si256(); R];
-                for st in 0..8 {
-                    let k4 = 8 * s + st;
+                for st in 0..steps {
+                    let k4 = steps * s + st;
                     let xh = _mm256_loadu_si256(p.add(32 * k4) as *const __m256i);
                     let xl = _mm256_loadu_si256(p.add(2048 + 32 * k4) as *const __m256i);
                     for r in 0..R {
