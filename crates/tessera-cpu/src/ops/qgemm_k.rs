@@ -98,7 +98,7 @@ pub fn applies(t: DType, cols_per_batch: usize) -> bool {
 
 /// Rows of weights unpacked at a time, and column groups accumulated at a time (per thread).
 const RB: usize = 32;
-const GC: usize = 32;
+const GC: usize = 64;
 
 /// Bytes of per-thread scratch the driver needs.
 pub fn scratch_size() -> usize {
@@ -553,12 +553,28 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
     let (od, o16, o32) = offsets(t);
     let nibbles = signed(t);
     assert!(out.len() >= nb * pb, "qgemm_k: packed group too short");
+    for col in cols.iter().flatten() {
+        assert!(col.len() >= nb * Q8K, "qgemm_k: short q8_K column");
+    }
+    #[cfg(target_arch = "x86_64")]
+    let simd = avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
     for b in 0..nb {
         let o = &mut out[b * pb..(b + 1) * pb];
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            let src = cols.map(|c| c.map(|c| c[b * Q8K + 4..].as_ptr()));
+            // SAFETY: AVX2 present; each present column holds this block's 256 values (its
+            // length was asserted); `o` holds the packed block.
+            unsafe { avx2::interleave(&src, nibbles, o) };
+        }
         for (c, col) in cols.iter().enumerate() {
             let Some(col) = col else {
-                for k4 in 0..qx_bytes(t) / 32 {
-                    o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4].fill(0);
+                if !simd {
+                    for k4 in 0..qx_bytes(t) / 32 {
+                        o[32 * k4 + 4 * c..32 * k4 + 4 * c + 4].fill(0);
+                    }
                 }
                 o[od + 4 * c..od + 4 * c + 4].fill(0);
                 for p in 0..8 {
@@ -570,7 +586,7 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
                 continue;
             };
             let xb = &col[b * Q8K..(b + 1) * Q8K];
-            for k4 in 0..64 {
+            for k4 in 0..if simd { 0 } else { 64 } {
                 let x = &xb[4 + 4 * k4..8 + 4 * k4];
                 if nibbles {
                     // x + 128 = 16·high + low, both 0..15
@@ -780,6 +796,69 @@ mod avx2 {
 
     pub fn available() -> bool {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// The 256 activations of up to eight columns (`None`: zeros) interleaved by four bytes
+    /// (`[64][8][4]`), or for `nibbles` the high then the low nibbles of x + 128 likewise:
+    /// an 8×8 transpose of 32-bit words per 32 bytes of each column.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn interleave(cols: &[Option<*const u8>; 8], nibbles: bool, o: &mut [u8]) {
+        // SAFETY: every present column has 256 readable bytes; `o` holds 2048 (4096 for
+        // nibbles) bytes (callers).
+        unsafe {
+            assert!(o.len() >= if nibbles { 4096 } else { 2048 });
+            let op = o.as_mut_ptr();
+            let m4 = _mm256_set1_epi8(15);
+            let flip = _mm256_set1_epi8(-128);
+            for t in 0..8 {
+                let r: [__m256i; 8] = std::array::from_fn(|c| match cols[c] {
+                    Some(p) => _mm256_loadu_si256(p.add(32 * t) as *const __m256i),
+                    None => _mm256_setzero_si256(),
+                });
+                let a0 = _mm256_unpacklo_epi32(r[0], r[1]);
+                let a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+                let a2 = _mm256_unpacklo_epi32(r[2], r[3]);
+                let a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+                let a4 = _mm256_unpacklo_epi32(r[4], r[5]);
+                let a5 = _mm256_unpackhi_epi32(r[4], r[5]);
+                let a6 = _mm256_unpacklo_epi32(r[6], r[7]);
+                let a7 = _mm256_unpackhi_epi32(r[6], r[7]);
+                let b0 = _mm256_unpacklo_epi64(a0, a2);
+                let b1 = _mm256_unpackhi_epi64(a0, a2);
+                let b2 = _mm256_unpacklo_epi64(a1, a3);
+                let b3 = _mm256_unpackhi_epi64(a1, a3);
+                let b4 = _mm256_unpacklo_epi64(a4, a6);
+                let b5 = _mm256_unpackhi_epi64(a4, a6);
+                let b6 = _mm256_unpacklo_epi64(a5, a7);
+                let b7 = _mm256_unpackhi_epi64(a5, a7);
+                // word j of every column: j = 0..3 in the low lanes, 4..7 in the high ones
+                let w = [
+                    _mm256_permute2x128_si256::<0x20>(b0, b4),
+                    _mm256_permute2x128_si256::<0x20>(b1, b5),
+                    _mm256_permute2x128_si256::<0x20>(b2, b6),
+                    _mm256_permute2x128_si256::<0x20>(b3, b7),
+                    _mm256_permute2x128_si256::<0x31>(b0, b4),
+                    _mm256_permute2x128_si256::<0x31>(b1, b5),
+                    _mm256_permute2x128_si256::<0x31>(b2, b6),
+                    _mm256_permute2x128_si256::<0x31>(b3, b7),
+                ];
+                for (j, v) in w.iter().enumerate() {
+                    let at = 32 * (8 * t + j);
+                    if nibbles {
+                        // a missing column packs as x = 0 (its d is 0, its results dropped)
+                        let u = _mm256_xor_si256(*v, flip);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(u), m4);
+                        _mm256_storeu_si256(op.add(at) as *mut __m256i, hi);
+                        _mm256_storeu_si256(
+                            op.add(2048 + at) as *mut __m256i,
+                            _mm256_and_si256(u, m4),
+                        );
+                    } else {
+                        _mm256_storeu_si256(op.add(at) as *mut __m256i, *v);
+                    }
+                }
+            }
+        }
     }
 
     /// The codes of one q4_K, q5_K, q6_K or iq4_xs block at `w` (as `codes_scalar`).
