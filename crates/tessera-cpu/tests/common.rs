@@ -94,3 +94,71 @@ pub fn check(g: Graph, inputs: &[TensorId], out: TensorId, rng: &mut Rng, tol: f
         }
     }
 }
+
+/// Runs y = mul_mat(a [k, m, 1], b [k, n, nb2]) with quantized weights of type `t` (random, a
+/// few rows of wide spread; activations with outliers) on every CPU configuration and checks
+/// every element, bit for bit, against `want(isa, weight row, quantized column)`.
+pub fn check_quantized_product(
+    t: DType,
+    (k, m, n, nb2): (usize, usize, usize, usize),
+    rng: &mut Rng,
+    want: impl Fn(Isa, &[u8], &[u8]) -> f32,
+) {
+    use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
+    let av: Vec<f32> = (0..k * m)
+        .map(|i| {
+            let s = if (i / k) % 5 == 3 { 40.0 } else { 1.0 };
+            s * rng.uniform(-1.0, 1.0)
+        })
+        .collect();
+    let bv: Vec<f32> = (0..k * n * nb2)
+        .map(|i| {
+            if i % 97 == 5 {
+                25.0
+            } else {
+                rng.uniform(-1.0, 1.0)
+            }
+        })
+        .collect();
+    let wr = t.row_size(k).unwrap();
+    let mut wq = vec![0u8; wr * m];
+    // an importance matrix (the iq2/iq1 quantizers require one)
+    let imatrix: Vec<f32> = (0..k).map(|i| 1.0 + (i % 7) as f32).collect();
+    for (row, o) in av.chunks_exact(k).zip(wq.chunks_exact_mut(wr)) {
+        tessera_quants::quantize_row(t.id(), row, o, Some(&imatrix)).unwrap();
+    }
+    let vdt = vec_dot_type(t);
+    let xr = vdt.row_size(k).unwrap();
+    let mut xq = vec![0u8; xr * n * nb2];
+    for (col, o) in bv.chunks_exact(k).zip(xq.chunks_exact_mut(xr)) {
+        quantize_activations(vdt, col, o).unwrap();
+    }
+    let mut g = Graph::new();
+    let a = g.new_tensor(t, &[k, m, 1]).unwrap();
+    let b = g.new_f32(&[k, n, nb2]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_bytes(a, &wq).unwrap();
+    s.set_f32(b, &bv).unwrap();
+    for cpu in cpu_configs() {
+        s.compute(&cpu).unwrap();
+        let got = s.get_f32(y).unwrap();
+        for col in 0..n * nb2 {
+            for r in 0..m {
+                let w = want(
+                    cpu.isa(),
+                    &wq[r * wr..(r + 1) * wr],
+                    &xq[col * xr..(col + 1) * xr],
+                );
+                assert_eq!(
+                    got[col * m + r].to_bits(),
+                    w.to_bits(),
+                    "{t} k={k} m={m} n={n}x{nb2}: row {r} column {col} is {} not {w} on {:?}/{}t",
+                    got[col * m + r],
+                    cpu.isa(),
+                    cpu.n_threads()
+                );
+            }
+        }
+    }
+}

@@ -26,76 +26,11 @@ const TYPES: [DType; 13] = [
     DType::IQ1M,
 ];
 
-fn quantize_rows(t: DType, v: &[f32], k: usize) -> Vec<u8> {
-    let rs = t.row_size(k).unwrap();
-    let mut out = vec![0u8; rs * (v.len() / k)];
-    // an importance matrix (the iq2/iq1 quantizers require one)
-    let imatrix: Vec<f32> = (0..k).map(|i| 1.0 + (i % 7) as f32).collect();
-    for (row, o) in v.chunks_exact(k).zip(out.chunks_exact_mut(rs)) {
-        tessera_quants::quantize_row(t.id(), row, o, Some(&imatrix)).unwrap();
-    }
-    out
-}
-
-/// Runs y = mul_mat(a [k, m, 1], b [k, n, nb2]) on every CPU configuration and checks every
-/// element against `dot_ref`.
+/// Every element of y = mul_mat(a [k, m, 1], b [k, n, nb2]) against `dot_ref`.
 fn check(t: DType, k: usize, m: usize, n: usize, nb2: usize, rng: &mut Rng) {
-    // weights with a few rows of extreme spread, activations with outliers
-    let av: Vec<f32> = (0..k * m)
-        .map(|i| {
-            let s = if (i / k) % 5 == 3 { 40.0 } else { 1.0 };
-            s * rng.uniform(-1.0, 1.0)
-        })
-        .collect();
-    let bv: Vec<f32> = (0..k * n * nb2)
-        .map(|i| {
-            if i % 97 == 5 {
-                25.0
-            } else {
-                rng.uniform(-1.0, 1.0)
-            }
-        })
-        .collect();
-    let wq = quantize_rows(t, &av, k);
-    let xq: Vec<u8> = {
-        let vdt = matmul_quant::vec_dot_type(t);
-        let rs = vdt.row_size(k).unwrap();
-        let mut out = vec![0u8; rs * n * nb2];
-        for (col, o) in bv.chunks_exact(k).zip(out.chunks_exact_mut(rs)) {
-            matmul_quant::quantize_activations(vdt, col, o).unwrap();
-        }
-        out
-    };
-    let (wr, xr) = (t.row_size(k).unwrap(), DType::Q8K.row_size(k).unwrap());
-    let mut g = Graph::new();
-    let a = g.new_tensor(t, &[k, m, 1]).unwrap();
-    let b = g.new_f32(&[k, n, nb2]).unwrap();
-    let y = g.mul_mat(a, b).unwrap();
-    let mut s = Session::new(g, &[y]).unwrap();
-    s.set_bytes(a, &wq).unwrap();
-    s.set_f32(b, &bv).unwrap();
-    for cpu in cpu_configs() {
-        s.compute(&cpu).unwrap();
-        let got = s.get_f32(y).unwrap();
-        for col in 0..n * nb2 {
-            for r in 0..m {
-                let want = qgemm_k::dot_ref(
-                    t,
-                    &wq[r * wr..(r + 1) * wr],
-                    &xq[col * xr..(col + 1) * xr],
-                    k,
-                );
-                assert_eq!(
-                    got[col * m + r].to_bits(),
-                    want.to_bits(),
-                    "{t} k={k} m={m} n={n}x{nb2}: row {r} column {col} is {} not {want} on {:?}/{}t",
-                    got[col * m + r],
-                    cpu.isa(),
-                    cpu.n_threads()
-                );
-            }
-        }
-    }
+    check_quantized_product(t, (k, m, n, nb2), rng, |_, w, x| {
+        qgemm_k::dot_ref(t, w, x, k)
+    });
 }
 
 #[test]

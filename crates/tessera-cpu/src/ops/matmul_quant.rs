@@ -14,7 +14,7 @@
 
 use tessera::{DType, Result, Tensor};
 
-use super::qgemm_k;
+use super::{qgemm_0, qgemm_k};
 use crate::exec::NodeCtx;
 use crate::simd::Isa;
 
@@ -53,9 +53,10 @@ pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
 struct Layout {
     /// Bytes of one quantized column of b.
     qrow: usize,
-    /// Whether the k-quant mat-mat path (`qgemm_k`, ggml's tiled numerics) runs, and where its
-    /// packed column groups start.
+    /// Whether a packed mat-mat path applies — `qgemm_k` (ggml's tiled numerics) or `qgemm_0`
+    /// (q4_0/q4_1/q8_0 on AVX2) — and where its packed column groups start.
     tiled: bool,
+    group0: bool,
     packed_off: usize,
     /// Columns of b over all batches.
     cols: usize,
@@ -72,10 +73,13 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     let qrow = vdt.row_size(k).unwrap_or(0);
     let cols = b.ne[1] * b.ne[2] * b.ne[3];
     let qbytes = (qrow * cols).next_multiple_of(64);
-    let tiled = super::qgemm_k::applies(a.dtype, b.ne[1]);
+    let tiled = qgemm_k::applies(a.dtype, b.ne[1]);
+    let group0 = qgemm_0::applies(a.dtype, b.ne[1]);
+    let groups = b.ne[1].div_ceil(qgemm_k::GROUP) * b.ne[2] * b.ne[3];
     let packed = if tiled {
-        let groups = b.ne[1].div_ceil(super::qgemm_k::GROUP) * b.ne[2] * b.ne[3];
-        (groups * (k / 256) * super::qgemm_k::packed_bytes(a.dtype)).next_multiple_of(64)
+        (groups * (k / 256) * qgemm_k::packed_bytes(a.dtype)).next_multiple_of(64)
+    } else if group0 {
+        (groups * (k / 32) * qgemm_0::PACKED).next_multiple_of(64)
     } else {
         0
     };
@@ -85,13 +89,16 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         (cols * k * 4).next_multiple_of(64)
     };
     let per_thread = if tiled {
-        (k * 4).max(super::qgemm_k::scratch_size())
+        (k * 4).max(qgemm_k::scratch_size())
+    } else if group0 {
+        (k * 4).max(qgemm_0::scratch_size())
     } else {
         k * 4
     };
     Layout {
         qrow,
         tiled,
+        group0,
         packed_off: qbytes,
         cols,
         deq_off: qbytes + packed,
@@ -161,11 +168,15 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         Ok(())
     };
-    if l.tiled {
+    let group0 = l.group0 && qgemm_0::runs_on(ctx.isa);
+    if l.tiled || group0 {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
         let gpb = b.ne[1].div_ceil(qgemm_k::GROUP);
-        let nb = k / 256;
-        let pb = qgemm_k::packed_bytes(a.dtype);
+        let (nb, pb) = if l.tiled {
+            (k / 256, qgemm_k::packed_bytes(a.dtype))
+        } else {
+            (k / 32, qgemm_0::PACKED)
+        };
         for g in ctx.share(gpb * b.ne[2] * b.ne[3]) {
             let (batch, gi) = (g / gpb, g % gpb);
             let first = gi * qgemm_k::GROUP;
@@ -188,7 +199,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     ctx.wdata.add(l.packed_off + g * nb * pb),
                     nb * pb,
                 );
-                qgemm_k::pack_group(a.dtype, &cols, nb, out);
+                if l.tiled {
+                    qgemm_k::pack_group(a.dtype, &cols, nb, out);
+                } else {
+                    qgemm_0::pack_group(a.dtype, &cols, nb, out);
+                }
             }
         }
         ctx.barrier();
@@ -199,7 +214,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 let g0 = (i3 * b.ne[2] + i2) * gpb;
                 // SAFETY: the batch's weight rows, packed groups and result cells lie inside
                 // the validated tensors and the work buffer; this thread writes rows `rows`
-                // only; its scratch is its own.
+                // only; its scratch is its own; qgemm_0 runs only where `runs_on` said so.
                 unsafe {
                     let batch = qgemm_k::Batch {
                         a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
@@ -210,14 +225,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
                         d_nb1: d.nb[1],
                     };
-                    qgemm_k::run(
-                        ctx.isa,
-                        a.dtype,
-                        k,
-                        rows.clone(),
-                        &batch,
-                        ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
-                    );
+                    let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
+                    if l.tiled {
+                        qgemm_k::run(ctx.isa, a.dtype, k, rows.clone(), &batch, scratch);
+                    } else {
+                        #[cfg(target_arch = "x86_64")]
+                        qgemm_0::run(a.dtype, k, rows.clone(), &batch, scratch);
+                    }
                 }
             }
         }

@@ -21,6 +21,7 @@ pub mod qdot_fp;
 pub mod qdot_iq13;
 pub mod qdot_iq2;
 pub mod qdot_tiles;
+pub mod qgemm_0;
 pub mod qgemm_k;
 pub mod reduce;
 pub mod rope;

@@ -1,0 +1,308 @@
+//! Quantized mat-mat for q4_0, q4_1 and q8_0 weights against eight or more columns (AVX2), each
+//! element bit-identical to the one-column AVX2 kernel (`matmul_quant::vec_dot`, which is
+//! ggml's x86 `vec_dot`).
+//!
+//! ggml's AVX2 kernel for these types keeps an 8-lane f32 accumulator per (row, column): lane
+//! i receives, for every 32-element block in order, `fma(d_w·d_x, f32(p_i), acc_i)` where p_i
+//! is the exact integer dot product of the block's elements 4i..4i+3; at the end the lanes are
+//! summed in ggml's `hsum_float_8` order (q4_1 then adds its `Σ m_w·s_x`, accumulated by fused
+//! multiply-adds). Those are the only float operations, so computing them per lane in any
+//! arrangement gives ggml's bits.
+//!
+//! The arrangement here puts the eight columns of a group in the vector lanes: the activations
+//! of eight columns are interleaved by four bytes, so one `vpmaddubsw` of a broadcast group of
+//! four weights and `vpmaddwd` by ones gives p_i for eight columns at once, and eight
+//! accumulators per weight row hold lane i of the eight columns. No horizontal work and no
+//! per-pair scale shuffles remain in the inner loop: about five instructions per 32
+//! multiply-adds.
+//!
+//! Cache blocking: a window of column groups against every row, K in chunks of blocks; the
+//! accumulators of (row, group) live in per-thread scratch between chunks.
+
+use tessera::DType;
+
+use super::qdot::f16_at;
+
+/// Columns packed together.
+pub const GROUP: usize = 8;
+/// Bytes of one packed (column group, 32-element block): the 32 activations of eight columns
+/// interleaved by four (`[8][8][4]`), for q4_0 the sums of four times 8 (`[8][8]` i32), the
+/// eight d (f32) and for q4_1 the eight s (f32).
+pub const PACKED: usize = 576;
+const OFF_AUX: usize = 256;
+const OFF_D: usize = 512;
+const OFF_S: usize = 544;
+
+/// Rows per chunk, column groups per window and blocks per K chunk.
+const RCH: usize = 64;
+const GW: usize = 8;
+const KC: usize = 4;
+
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// Whether a mul_mat of `t` against `cols_per_batch` columns may take this path (it runs only
+/// on AVX2; other ISAs keep the one-column kernels, whose scalar order differs).
+pub fn applies(t: DType, cols_per_batch: usize) -> bool {
+    supported(t) && cols_per_batch >= GROUP
+}
+
+/// Whether this CPU and ISA run the path.
+pub fn runs_on(isa: crate::simd::Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// One unpacked weight block: the 32 codes in element order (q4: 0..15; q8_0: the values),
+/// their magnitudes (q8_0), d and m as f32.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub(crate) struct WBlock {
+    q: [u8; 32],
+    aq: [u8; 32],
+    d: f32,
+    m: f32,
+    _pad: [u32; 6],
+}
+
+/// Bytes of per-thread scratch: KC unpacked blocks and the accumulators of a chunk of rows
+/// against a window of groups (nine vectors of eight f32 per (row, group)).
+pub fn scratch_size() -> usize {
+    KC * std::mem::size_of::<WBlock>() + RCH * GW * 9 * 32 + 64
+}
+
+/// Packs up to eight quantized columns (q8_0 or q8_1 rows of `nb` blocks; `None`: a zero
+/// column) for weights of type `t` into `out` (`nb * PACKED` bytes).
+pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
+    let (bs, qs) = if t == DType::Q4_1 { (36, 4) } else { (34, 2) };
+    assert!(out.len() >= nb * PACKED, "qgemm_0: packed group too short");
+    for col in cols.iter().flatten() {
+        assert!(col.len() >= nb * bs, "qgemm_0: short activation column");
+    }
+    for b in 0..nb {
+        let o = &mut out[b * PACKED..(b + 1) * PACKED];
+        for (c, col) in cols.iter().enumerate() {
+            let x = col.map(|col| &col[b * bs..(b + 1) * bs]);
+            for i in 0..8 {
+                let at = 32 * i + 4 * c;
+                match x {
+                    Some(x) => o[at..at + 4].copy_from_slice(&x[qs + 4 * i..qs + 4 * i + 4]),
+                    None => o[at..at + 4].fill(0),
+                }
+                if t == DType::Q4_0 {
+                    let s: i32 = x.map_or(0, |x| {
+                        x[qs + 4 * i..qs + 4 * i + 4]
+                            .iter()
+                            .map(|&v| 8 * v as i8 as i32)
+                            .sum()
+                    });
+                    o[OFF_AUX + at..OFF_AUX + at + 4].copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            let (d, s) = x.map_or((0.0, 0.0), |x| {
+                (
+                    f16_at(x, 0),
+                    if t == DType::Q4_1 { f16_at(x, 2) } else { 0.0 },
+                )
+            });
+            o[OFF_D + 4 * c..OFF_D + 4 * c + 4].copy_from_slice(&d.to_le_bytes());
+            o[OFF_S + 4 * c..OFF_S + 4 * c + 4].copy_from_slice(&s.to_le_bytes());
+        }
+    }
+}
+
+pub use super::qgemm_k::Batch;
+
+/// Computes rows `rows` of one batch against all its columns.
+///
+/// # Safety
+/// As `qgemm_k::run`: `b` describes valid memory (rows of `k` elements of `t`, `groups` packed
+/// groups of `k / 32` blocks, result cells of the valid columns and these rows, written by
+/// this caller only); `scratch` holds `scratch_size()` bytes of its own; the CPU has
+/// AVX2 and FMA ([`runs_on`]).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn run(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch, scratch: *mut u8) {
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + RCH).min(rows.end);
+        // SAFETY: forwarded; r0..r1 lies inside `rows`.
+        unsafe { run_chunk(t, k, r0..r1, b, scratch) };
+        r0 = r1;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch, scratch: *mut u8) {
+    let nb = k / 32;
+    let bsz = t.type_size();
+    let nr = rows.len();
+    let al = scratch.align_offset(32);
+    // SAFETY: the scratch holds KC WBlocks after aligning to 32, then RCH·GW·9 vectors (caller;
+    // nr ≤ RCH).
+    let (wbs, accs) = unsafe {
+        let w = scratch.add(al) as *mut WBlock;
+        let acc = scratch.add(al + KC * std::mem::size_of::<WBlock>()) as *mut f32;
+        (
+            std::slice::from_raw_parts_mut(w, KC),
+            std::slice::from_raw_parts_mut(acc, nr * GW * 72),
+        )
+    };
+    let mut g0 = 0;
+    while g0 < b.groups {
+        let gn = GW.min(b.groups - g0);
+        accs[..nr * gn * 72].fill(0.0);
+        let mut k0 = 0;
+        while k0 < nb {
+            let kn = KC.min(nb - k0);
+            for (ri, r) in rows.clone().enumerate() {
+                for (j, wb) in wbs[..kn].iter_mut().enumerate() {
+                    // SAFETY: block k0 + j of row r lies inside the row (caller).
+                    unsafe { avx2::unpack(t, b.a.add(r * b.a_nb1 + (k0 + j) * bsz), wb) };
+                }
+                for g in 0..gn {
+                    // SAFETY: groups g0 + g < groups, blocks k0..k0+kn < nb; the accumulators
+                    // of (ri, g) are 72 floats inside `accs`.
+                    unsafe {
+                        let pk = b.packed.add(((g0 + g) * nb + k0) * PACKED);
+                        let acc = accs.as_mut_ptr().add((ri * gn + g) * 72);
+                        avx2::kernel(t, &wbs[..kn], pk, acc);
+                    }
+                }
+            }
+            k0 += kn;
+        }
+        // the lanes of each column summed in ggml's hsum order, then q4_1's Σ m·s
+        let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
+        for (ri, r) in rows.clone().enumerate() {
+            for g in 0..gn {
+                let acc = &accs[(ri * gn + g) * 72..(ri * gn + g + 1) * 72];
+                for c in 0..GROUP {
+                    let col = g * GROUP + c;
+                    if col >= valid {
+                        break;
+                    }
+                    let l = |i: usize| acc[8 * i + c];
+                    let (r0, r1, r2, r3) = (l(0) + l(4), l(1) + l(5), l(2) + l(6), l(3) + l(7));
+                    let mut v = (r0 + r2) + (r1 + r3);
+                    if t == DType::Q4_1 {
+                        v += acc[64 + c];
+                    }
+                    // SAFETY: column g0·8 + col < cols, row r in `rows` (caller).
+                    unsafe {
+                        *(b.dst.add((g0 * GROUP + col) * b.d_nb1 + 4 * r) as *mut f32) = v;
+                    }
+                }
+            }
+        }
+        g0 += gn;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+#[allow(unused_unsafe)]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use tessera::DType;
+
+    use super::{WBlock, OFF_AUX, OFF_D, OFF_S, PACKED};
+
+    pub use crate::ops::qdot::avx2::available;
+    use crate::ops::qdot::avx2::f16;
+
+    /// One weight block at `w` unpacked.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn unpack(t: DType, w: *const u8, o: &mut WBlock) {
+        // SAFETY: one block of t at w (caller).
+        unsafe {
+            let qp = o.q.as_mut_ptr() as *mut __m256i;
+            match t {
+                DType::Q4_0 | DType::Q4_1 => {
+                    let off = if t == DType::Q4_0 { 2 } else { 4 };
+                    let q = _mm_loadu_si128(w.add(off) as *const __m128i);
+                    let m4 = _mm_set1_epi8(15);
+                    let lo = _mm_and_si128(q, m4);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+                    _mm256_storeu_si256(qp, _mm256_set_m128i(hi, lo));
+                    o.d = f16(w);
+                    o.m = if t == DType::Q4_1 { f16(w.add(2)) } else { 0.0 };
+                }
+                DType::Q8_0 => {
+                    let q = _mm256_loadu_si256(w.add(2) as *const __m256i);
+                    _mm256_storeu_si256(qp, q);
+                    _mm256_storeu_si256(o.aq.as_mut_ptr() as *mut __m256i, _mm256_sign_epi8(q, q));
+                    o.d = f16(w);
+                    o.m = 0.0;
+                }
+                _ => unreachable!("checked by supported"),
+            }
+        }
+    }
+
+    /// The blocks `wbs` of one row against one packed group's matching blocks, accumulated
+    /// into the nine vectors at `acc` (eight lanes of ggml's accumulator, then q4_1's Σ m·s).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32) {
+        // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
+        unsafe {
+            match t {
+                DType::Q4_0 => body::<0>(wbs, p, acc),
+                DType::Q4_1 => body::<1>(wbs, p, acc),
+                DType::Q8_0 => body::<2>(wbs, p, acc),
+                _ => unreachable!("checked by supported"),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn body<const T: u8>(wbs: &[WBlock], p: *const u8, acc: *mut f32) {
+        // SAFETY: as `kernel`.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut a: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(acc.add(8 * i)));
+            let mut summs = _mm256_loadu_ps(acc.add(64));
+            for (j, wb) in wbs.iter().enumerate() {
+                let pb = p.add(j * PACKED);
+                let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
+                let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
+                if T == 1 {
+                    let xs = _mm256_loadu_ps(pb.add(OFF_S) as *const f32);
+                    summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, summs);
+                }
+                for (i, ai) in a.iter_mut().enumerate() {
+                    let x = _mm256_loadu_si256(pb.add(32 * i) as *const __m256i);
+                    let wv = _mm256_set1_epi32(
+                        (wb.q.as_ptr().add(4 * i) as *const i32).read_unaligned(),
+                    );
+                    let prod = if T == 2 {
+                        let aw = _mm256_set1_epi32(
+                            (wb.aq.as_ptr().add(4 * i) as *const i32).read_unaligned(),
+                        );
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, wv))
+                    } else {
+                        _mm256_maddubs_epi16(wv, x)
+                    };
+                    let mut s = _mm256_madd_epi16(prod, ones);
+                    if T == 0 {
+                        let x8 = _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
+                        s = _mm256_sub_epi32(s, x8);
+                    }
+                    *ai = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), *ai);
+                }
+            }
+            for (i, ai) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(8 * i), *ai);
+            }
+            _mm256_storeu_ps(acc.add(64), summs);
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The q4_0 / q4_1 / q8_0 mat-mat path for eight or more columns (`qgemm_0`, AVX2): every
+//! element of a CPU mul_mat equals the one-column kernel (`matmul_quant::vec_dot`, ggml's
+//! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
+//! across row chunks (64), column windows (64), K chunks (8 blocks), ragged edges and batches
+//! with a broadcast weight matrix. On the scalar ISA the one-column kernels run as before.
+
+mod common;
+
+use common::*;
+use tessera::DType;
+use tessera_cpu::ops::matmul_quant;
+
+fn check(t: DType, k: usize, m: usize, n: usize, nb2: usize, rng: &mut Rng) {
+    check_quantized_product(t, (k, m, n, nb2), rng, |isa, w, x| {
+        matmul_quant::vec_dot(isa, t, w, x, k)
+    });
+}
+
+#[test]
+fn every_element_equals_the_one_column_kernel() {
+    let mut rng = Rng::new(51);
+    for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for &(k, m, n, nb2) in &[
+            (32usize, 5usize, 8usize, 1usize),
+            (320, 7, 9, 1),
+            (256, 4, 17, 2),
+        ] {
+            check(t, k, m, n, nb2, &mut rng);
+        }
+    }
+}
+
+/// More rows than a chunk (64), more columns than a window (64 = 8 groups), more blocks than
+/// a K chunk (4), all ragged.
+#[test]
+fn chunks_windows_and_ragged_edges() {
+    let mut rng = Rng::new(52);
+    check(DType::Q4_1, 352, 70, 75, 1, &mut rng);
+    check(DType::Q8_0, 288, 66, 67, 1, &mut rng);
+    check(DType::Q4_0, 96, 130, 8, 1, &mut rng);
+}
