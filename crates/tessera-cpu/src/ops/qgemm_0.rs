@@ -183,21 +183,15 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
         let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
         for (ri, r) in rows.clone().enumerate() {
             for g in 0..gn {
-                let acc = &accs[(ri * gn + g) * 72..(ri * gn + g + 1) * 72];
-                for c in 0..GROUP {
-                    let col = g * GROUP + c;
-                    if col >= valid {
-                        break;
-                    }
-                    let l = |i: usize| acc[8 * i + c];
-                    let (r0, r1, r2, r3) = (l(0) + l(4), l(1) + l(5), l(2) + l(6), l(3) + l(7));
-                    let mut v = (r0 + r2) + (r1 + r3);
-                    if t == DType::Q4_1 {
-                        v += acc[64 + c];
-                    }
-                    // SAFETY: column g0·8 + col < cols, row r in `rows` (caller).
+                // SAFETY: the 72 floats of (ri, g) lie inside `accs`.
+                let v = unsafe {
+                    avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), t == DType::Q4_1)
+                };
+                for (c, &v) in v.iter().enumerate().take(valid.saturating_sub(g * GROUP)) {
+                    // SAFETY: column g0·8 + g·8 + c < cols, row r in `rows` (caller).
                     unsafe {
-                        *(b.dst.add((g0 * GROUP + col) * b.d_nb1 + 4 * r) as *mut f32) = v;
+                        *(b.dst.add((g0 * GROUP + g * GROUP + c) * b.d_nb1 + 4 * r) as *mut f32) =
+                            v;
                     }
                 }
             }
@@ -218,6 +212,27 @@ mod avx2 {
 
     pub use crate::ops::qdot::avx2::available;
     use crate::ops::qdot::avx2::f16;
+
+    /// The eight columns' results from their accumulators: lanes summed in ggml's
+    /// `hsum_float_8` order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then q4_1's Σ m·s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn finish(acc: *const f32, q41: bool) -> [f32; 8] {
+        // SAFETY: 72 readable floats at acc (caller).
+        unsafe {
+            let a: [__m256; 9] = std::array::from_fn(|i| _mm256_loadu_ps(acc.add(8 * i)));
+            let r0 = _mm256_add_ps(a[0], a[4]);
+            let r1 = _mm256_add_ps(a[1], a[5]);
+            let r2 = _mm256_add_ps(a[2], a[6]);
+            let r3 = _mm256_add_ps(a[3], a[7]);
+            let mut v = _mm256_add_ps(_mm256_add_ps(r0, r2), _mm256_add_ps(r1, r3));
+            if q41 {
+                v = _mm256_add_ps(v, a[8]);
+            }
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), v);
+            out
+        }
+    }
 
     /// One weight block at `w` unpacked.
     #[target_feature(enable = "avx2,fma,f16c")]
