@@ -1,4 +1,4 @@
-//! The q4_0 / q4_1 / q8_0 mat-mat path for eight or more columns (`qgemm_0`, AVX2): every
+//! The q4_0 / q4_1 / q5_0 / q5_1 / q8_0 mat-mat path for eight or more columns (`qgemm_0`, AVX2): every
 //! element of a CPU mul_mat equals the one-column kernel (`matmul_quant::vec_dot`, ggml's
 //! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
 //! across row chunks (64), column windows (64), K chunks (8 blocks), ragged edges and batches
@@ -19,7 +19,13 @@ fn check(t: DType, k: usize, m: usize, n: usize, nb2: usize, rng: &mut Rng) {
 #[test]
 fn every_element_equals_the_one_column_kernel() {
     let mut rng = Rng::new(51);
-    for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
         for &(k, m, n, nb2) in &[
             (32usize, 5usize, 8usize, 1usize),
             (320, 7, 9, 1),

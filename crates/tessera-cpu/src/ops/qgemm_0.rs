@@ -1,11 +1,11 @@
-//! Quantized mat-mat for q4_0, q4_1 and q8_0 weights against eight or more columns (AVX2), each
+//! Quantized mat-mat for q4_0, q4_1, q5_0, q5_1 and q8_0 weights against eight or more columns (AVX2), each
 //! element bit-identical to the one-column AVX2 kernel (`matmul_quant::vec_dot`, which is
 //! ggml's x86 `vec_dot`).
 //!
 //! ggml's AVX2 kernel for these types keeps an 8-lane f32 accumulator per (row, column): lane
 //! i receives, for every 32-element block in order, `fma(d_w·d_x, f32(p_i), acc_i)` where p_i
 //! is the exact integer dot product of the block's elements 4i..4i+3; at the end the lanes are
-//! summed in ggml's `hsum_float_8` order (q4_1 then adds its `Σ m_w·s_x`, accumulated by fused
+//! summed in ggml's `hsum_float_8` order (q4_1 and q5_1 then add their `Σ m_w·s_x`, accumulated by fused
 //! multiply-adds). Those are the only float operations, so computing them per lane in any
 //! arrangement gives ggml's bits.
 //!
@@ -26,8 +26,8 @@ use super::qdot::f16_at;
 /// Columns packed together.
 pub const GROUP: usize = 8;
 /// Bytes of one packed (column group, 32-element block): the 32 activations of eight columns
-/// interleaved by four (`[8][8][4]`), for q4_0 the sums of four times 8 (`[8][8]` i32), the
-/// eight d (f32) and for q4_1 the eight s (f32).
+/// interleaved by four (`[8][8][4]`), for q4_0 / q5_0 the sums of four times the codes' bias
+/// (`[8][8]` i32), the eight d (f32) and for q4_1 / q5_1 the eight s (f32).
 pub const PACKED: usize = 576;
 const OFF_AUX: usize = 256;
 const OFF_D: usize = 512;
@@ -39,7 +39,24 @@ const GW: usize = 8;
 const KC: usize = 4;
 
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    matches!(
+        t,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+    )
+}
+
+/// The activation format pairs with m (q8_1: q4_1, q5_1).
+fn with_min(t: DType) -> bool {
+    matches!(t, DType::Q4_1 | DType::Q5_1)
+}
+
+/// The offset the unsigned codes carry (value = code − bias): q4_0 8, q5_0 16.
+fn bias(t: DType) -> i32 {
+    match t {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        _ => 0,
+    }
 }
 
 /// Whether a mul_mat of `t` against `cols_per_batch` columns may take this path (it runs only
@@ -82,7 +99,8 @@ pub fn scratch_size() -> usize {
 /// Packs up to eight quantized columns (q8_0 or q8_1 rows of `nb` blocks; `None`: a zero
 /// column) for weights of type `t` into `out` (`nb * PACKED` bytes).
 pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut [u8]) {
-    let (bs, qs) = if t == DType::Q4_1 { (36, 4) } else { (34, 2) };
+    let (bs, qs) = if with_min(t) { (36, 4) } else { (34, 2) };
+    let bias = bias(t);
     assert!(out.len() >= nb * PACKED, "qgemm_0: packed group too short");
     for col in cols.iter().flatten() {
         assert!(col.len() >= nb * bs, "qgemm_0: short activation column");
@@ -97,21 +115,18 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
                     Some(x) => o[at..at + 4].copy_from_slice(&x[qs + 4 * i..qs + 4 * i + 4]),
                     None => o[at..at + 4].fill(0),
                 }
-                if t == DType::Q4_0 {
+                if bias != 0 {
                     let s: i32 = x.map_or(0, |x| {
                         x[qs + 4 * i..qs + 4 * i + 4]
                             .iter()
-                            .map(|&v| 8 * v as i8 as i32)
+                            .map(|&v| bias * v as i8 as i32)
                             .sum()
                     });
                     o[OFF_AUX + at..OFF_AUX + at + 4].copy_from_slice(&s.to_le_bytes());
                 }
             }
             let (d, s) = x.map_or((0.0, 0.0), |x| {
-                (
-                    f16_at(x, 0),
-                    if t == DType::Q4_1 { f16_at(x, 2) } else { 0.0 },
-                )
+                (f16_at(x, 0), if with_min(t) { f16_at(x, 2) } else { 0.0 })
             });
             o[OFF_D + 4 * c..OFF_D + 4 * c + 4].copy_from_slice(&d.to_le_bytes());
             o[OFF_S + 4 * c..OFF_S + 4 * c + 4].copy_from_slice(&s.to_le_bytes());
@@ -184,9 +199,7 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
         for (ri, r) in rows.clone().enumerate() {
             for g in 0..gn {
                 // SAFETY: the 72 floats of (ri, g) lie inside `accs`.
-                let v = unsafe {
-                    avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), t == DType::Q4_1)
-                };
+                let v = unsafe { avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), with_min(t)) };
                 for (c, &v) in v.iter().enumerate().take(valid.saturating_sub(g * GROUP)) {
                     // SAFETY: column g0·8 + g·8 + c < cols, row r in `rows` (caller).
                     unsafe {
@@ -251,6 +264,30 @@ mod avx2 {
                     o.d = f16(w);
                     o.m = if t == DType::Q4_1 { f16(w.add(2)) } else { 0.0 };
                 }
+                DType::Q5_0 | DType::Q5_1 => {
+                    let (qh, off) = if t == DType::Q5_0 { (2, 6) } else { (4, 8) };
+                    let q = _mm_loadu_si128(w.add(off) as *const __m128i);
+                    let m4 = _mm_set1_epi8(15);
+                    let lo = _mm_and_si128(q, m4);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+                    // the fifth bits: bit e of qh to byte e, as 16
+                    let h = (w.add(qh) as *const i32).read_unaligned();
+                    let spread = _mm256_shuffle_epi8(
+                        _mm256_set1_epi32(h),
+                        _mm256_set_epi64x(
+                            0x0303_0303_0303_0303,
+                            0x0202_0202_0202_0202,
+                            0x0101_0101_0101_0101,
+                            0,
+                        ),
+                    );
+                    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
+                    let fifth = _mm256_and_si256(set, _mm256_set1_epi8(16));
+                    _mm256_storeu_si256(qp, _mm256_or_si256(_mm256_set_m128i(hi, lo), fifth));
+                    o.d = f16(w);
+                    o.m = if t == DType::Q5_1 { f16(w.add(2)) } else { 0.0 };
+                }
                 DType::Q8_0 => {
                     let q = _mm256_loadu_si256(w.add(2) as *const __m256i);
                     _mm256_storeu_si256(qp, q);
@@ -270,9 +307,10 @@ mod avx2 {
         // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
         unsafe {
             match t {
-                DType::Q4_0 => body::<0>(wbs, p, acc),
+                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, p, acc),
                 DType::Q4_1 => body::<1>(wbs, p, acc),
                 DType::Q8_0 => body::<2>(wbs, p, acc),
+                DType::Q5_1 => body::<3>(wbs, p, acc),
                 _ => unreachable!("checked by supported"),
             }
         }
@@ -289,7 +327,7 @@ mod avx2 {
                 let pb = p.add(j * PACKED);
                 let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
                 let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
-                if T == 1 {
+                if T == 1 || T == 3 {
                     let xs = _mm256_loadu_ps(pb.add(OFF_S) as *const f32);
                     summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, summs);
                 }
@@ -311,6 +349,7 @@ mod avx2 {
                         let x8 = _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
                         s = _mm256_sub_epi32(s, x8);
                     }
+                    // (q5_1's kernel multiplies in the other order; the fused product is the same)
                     *ai = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), *ai);
                 }
             }
