@@ -725,35 +725,48 @@ pub unsafe fn run(
 fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usize) {
     let f = fmt(t);
     let sub = if f.sub16 { 16 } else { 32 };
+    let nsub = QK_K / sub;
     let (od, o16, o32) = offsets(t);
     let i16_at = |at: usize| i16::from_le_bytes([p[at], p[at + 1]]) as i32;
-    // activation e of column c
-    let x_at = |e: usize, c: usize| {
-        let at = 32 * (e / 4) + 4 * c + e % 4;
-        if signed(t) {
-            16 * p[at] as i32 + p[2048 + at] as i32 - 128
-        } else {
-            p[at] as i8 as i32
+    // the eight columns de-interleaved (contiguous, so the dot products below vectorize on any
+    // target), their sums per sub-block and their scales
+    let mut xs = [[0i16; QK_K]; GROUP];
+    let mut xsum = [[0i32; 16]; GROUP];
+    let mut yd = [0f32; GROUP];
+    for (c, x) in xs.iter_mut().enumerate() {
+        for (e, v) in x.iter_mut().enumerate() {
+            let at = 32 * (e / 4) + 4 * c + e % 4;
+            *v = if signed(t) {
+                16 * p[at] as i16 + p[2048 + at] as i16 - 128
+            } else {
+                p[at] as i8 as i16
+            };
         }
-    };
+        for (s, xs) in xsum[c].iter_mut().enumerate().take(nsub) {
+            let base = if f.sub16 { o16 } else { o32 };
+            *xs = i16_at(base + 32 * (s / 2) + 4 * c + 2 * (s % 2));
+        }
+        yd[c] = f32::from_le_bytes([
+            p[od + 4 * c],
+            p[od + 4 * c + 1],
+            p[od + 4 * c + 2],
+            p[od + 4 * c + 3],
+        ]);
+    }
+    let mut w = [0i16; QK_K];
     for (r, wb) in wbs.iter().enumerate() {
+        for (v, &q) in w.iter_mut().zip(&wb.q) {
+            *v = if signed(t) { q as i8 as i16 } else { q as i16 };
+        }
         for c in 0..GROUP {
             let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
-            for s in 0..QK_K / sub {
-                let mut dot = 0i32;
-                for e in s * sub..(s + 1) * sub {
-                    let wv = if signed(t) {
-                        wb.q[e] as i8 as i32
-                    } else {
-                        wb.q[e] as i32
-                    };
-                    dot += wv * x_at(e, c);
-                }
-                let xsum = if f.sub16 {
-                    i16_at(o16 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
-                } else {
-                    i16_at(o32 + 32 * (s / 2) + 4 * c + 2 * (s % 2))
-                };
+            for s in 0..nsub {
+                let dot: i32 = w[s * sub..(s + 1) * sub]
+                    .iter()
+                    .zip(&xs[c][s * sub..(s + 1) * sub])
+                    .map(|(&a, &b)| a as i32 * b as i32)
+                    .sum();
+                let xsum = xsum[c][s];
                 s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
                 corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
                 if f.has_min {
@@ -767,14 +780,8 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
             if f.has_min {
                 res = (-wb.dmin).mul_add(s2 as f32, res);
             }
-            let yd = f32::from_le_bytes([
-                p[od + 4 * c],
-                p[od + 4 * c + 1],
-                p[od + 4 * c + 2],
-                p[od + 4 * c + 3],
-            ]);
             let a = &mut acc[r * stride + c];
-            *a = res.mul_add(yd, *a);
+            *a = res.mul_add(yd[c], *a);
         }
     }
 }
