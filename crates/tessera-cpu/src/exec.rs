@@ -31,6 +31,9 @@ pub struct NodeCtx<'a> {
     pub wdata: *mut u8,
     pub wsize: usize,
     pub isa: Isa,
+    /// Kernels must give every column of a batch the bits it gets alone (see
+    /// `CpuBackend::batch_invariant`).
+    pub batch_invariant: bool,
     pub pool: &'a ThreadPool,
     /// Internal barriers this thread has passed in this node.
     pub barriers_passed: Cell<usize>,
@@ -202,6 +205,14 @@ pub mod profile {
     }
 }
 
+/// What every kernel of an execution is told: the instruction set, and whether results must
+/// not depend on the batch a column is in.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecOptions {
+    pub isa: Isa,
+    pub batch_invariant: bool,
+}
+
 /// Executes `plan` on `pool`. `kernel` computes one node's share.
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
@@ -209,7 +220,7 @@ pub fn execute(
     plan: &Plan,
     regions: &[RawRegion],
     pool: &ThreadPool,
-    isa: Isa,
+    opts: ExecOptions,
     wdata: usize,
     wsize: usize,
     kernel: fn(&NodeCtx) -> Result<()>,
@@ -249,7 +260,8 @@ pub fn execute(
                     nth,
                     wdata: wdata as *mut u8,
                     wsize,
-                    isa,
+                    isa: opts.isa,
+                    batch_invariant: opts.batch_invariant,
                     pool,
                     barriers_passed: Cell::new(0),
                 };
@@ -320,7 +332,10 @@ mod tests {
             &plan,
             mem.regions(),
             pool,
-            Isa::Scalar,
+            ExecOptions {
+                isa: Isa::Scalar,
+                batch_invariant: false,
+            },
             0,
             0,
             kernel,

@@ -33,6 +33,7 @@ pub use simd::Isa;
 pub struct CpuBackend {
     pool: ThreadPool,
     isa: Isa,
+    batch_invariant: bool,
     scratch: Mutex<Buffer>,
 }
 
@@ -66,8 +67,19 @@ impl CpuBackend {
         CpuBackend {
             pool: ThreadPool::new(n_threads),
             isa,
+            batch_invariant: false,
             scratch: Mutex::new(Buffer::zeroed(0)),
         }
+    }
+
+    /// Whether a column's result must not depend on the batch it is in. ggml itself computes
+    /// the k-quant and codebook mat-mat with a different rounding from eight columns on (its
+    /// tiled kernel), which this backend reproduces by default; a batch of unrelated
+    /// sequences (the server's) asks for the one-column rounding everywhere instead, so that a
+    /// request's tokens never depend on what shares its batch.
+    pub fn batch_invariant(mut self, on: bool) -> CpuBackend {
+        self.batch_invariant = on;
+        self
     }
 
     pub fn n_threads(&self) -> usize {
@@ -113,7 +125,10 @@ impl Backend for CpuBackend {
             plan,
             mem.regions(),
             &self.pool,
-            self.isa,
+            exec::ExecOptions {
+                isa: self.isa,
+                batch_invariant: self.batch_invariant,
+            },
             wdata,
             wsize,
             ops::compute,

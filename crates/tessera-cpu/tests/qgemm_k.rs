@@ -168,3 +168,48 @@ fn equals_ggml_bit_for_bit() {
         "no element tells the tiled rounding from the one-column kernels'"
     );
 }
+
+/// A batch-invariant backend (the server's batches) keeps the one-column rounding for these
+/// types at any column count: every element equals `vec_dot` of its row and column.
+#[test]
+fn batch_invariant_backends_keep_the_one_column_rounding() {
+    use tessera_cpu::ops::matmul_quant;
+    let mut rng = Rng::new(43);
+    let (k, m, n) = (512usize, 6usize, 19usize);
+    for t in [DType::Q4K, DType::IQ4XS, DType::Q6K] {
+        let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let bv: Vec<f32> = (0..k * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let wr = t.row_size(k).unwrap();
+        let mut wq = vec![0u8; wr * m];
+        for (row, o) in av.chunks_exact(k).zip(wq.chunks_exact_mut(wr)) {
+            tessera_quants::quantize_row(t.id(), row, o, None).unwrap();
+        }
+        let xr = DType::Q8K.row_size(k).unwrap();
+        let mut g = Graph::new();
+        let a = g.new_tensor(t, &[k, m]).unwrap();
+        let b = g.new_f32(&[k, n]).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_bytes(a, &wq).unwrap();
+        s.set_f32(b, &bv).unwrap();
+        for cpu in cpu_configs() {
+            let (isa, nth) = (cpu.isa(), cpu.n_threads());
+            let cpu = cpu.batch_invariant(true);
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(y).unwrap();
+            for c in 0..n {
+                let mut xq = vec![0u8; xr];
+                matmul_quant::quantize_activations(DType::Q8K, &bv[c * k..(c + 1) * k], &mut xq)
+                    .unwrap();
+                for r in 0..m {
+                    let want = matmul_quant::vec_dot(isa, t, &wq[r * wr..(r + 1) * wr], &xq, k);
+                    assert_eq!(
+                        got[c * m + r].to_bits(),
+                        want.to_bits(),
+                        "{t}: row {r} column {c} on {isa:?}/{nth}t"
+                    );
+                }
+            }
+        }
+    }
+}

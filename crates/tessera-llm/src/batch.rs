@@ -31,7 +31,7 @@ use std::sync::Arc;
 use tessera::op::AttnPrecision;
 use tessera::Backend;
 
-use crate::context::{backend_of, ContextParams, GraphCache};
+use crate::context::{batch_backend_of, ContextParams, GraphCache};
 use crate::error::{LlmError, Result};
 use crate::graph::{build_batch, BatchShape};
 use crate::model::Model;
@@ -83,7 +83,7 @@ impl BatchContext {
             .checked_mul(n_seq)
             .ok_or_else(|| LlmError::Invalid("KV cache size overflows".into()))?;
         Ok(BatchContext {
-            backend: backend_of(&params),
+            backend: batch_backend_of(&params),
             graphs: GraphCache::new(&model, params.kv_type, rows, GRAPH_LIMIT)?,
             model,
             params,

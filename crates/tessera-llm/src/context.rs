@@ -175,6 +175,16 @@ pub(crate) fn backend_of(params: &ContextParams) -> Box<dyn Backend> {
     }
 }
 
+/// The backend for batches of unrelated sequences: as `backend_of`, with every column's
+/// numbers independent of its batch (`CpuBackend::batch_invariant`).
+pub(crate) fn batch_backend_of(params: &ContextParams) -> Box<dyn Backend> {
+    if params.reference {
+        Box::new(ReferenceBackend)
+    } else {
+        Box::new(CpuBackend::new(params.n_threads).batch_invariant(true))
+    }
+}
+
 /// The planned graphs of a context, one per shape `K`, and the KV cache buffers, which move to
 /// whichever session runs. At most `limit` graphs are kept: the least recently used goes first.
 pub(crate) struct GraphCache<K> {

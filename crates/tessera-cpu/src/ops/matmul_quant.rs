@@ -169,10 +169,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         Ok(())
     };
     let group0 = l.group0 && qgemm_0::runs_on(ctx.isa);
-    if l.tiled || group0 {
+    // (qgemm_0 gives every column the one-column bits; qgemm_k, ggml's tiled rounding, does
+    // not, so a batch-invariant execution keeps the one-column kernels for its types)
+    let tiled = l.tiled && !ctx.batch_invariant;
+    if tiled || group0 {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
         let gpb = b.ne[1].div_ceil(qgemm_k::GROUP);
-        let (nb, pb) = if l.tiled {
+        let (nb, pb) = if tiled {
             (k / 256, qgemm_k::packed_bytes(a.dtype))
         } else {
             (k / 32, qgemm_0::PACKED)
@@ -199,7 +202,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     ctx.wdata.add(l.packed_off + g * nb * pb),
                     nb * pb,
                 );
-                if l.tiled {
+                if tiled {
                     qgemm_k::pack_group(a.dtype, &cols, nb, out);
                 } else {
                     qgemm_0::pack_group(a.dtype, &cols, nb, out);
@@ -226,7 +229,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         d_nb1: d.nb[1],
                     };
                     let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
-                    if l.tiled {
+                    if tiled {
                         qgemm_k::run(ctx.isa, a.dtype, k, rows.clone(), &batch, scratch);
                     } else {
                         #[cfg(target_arch = "x86_64")]
