@@ -497,6 +497,36 @@ fn signed_corr(t: DType, o: &mut WBlock) {
     o.pairs[0] = (128 * corr) as u32;
 }
 
+/// ggml's tiled epilogue of one weight block, from its sub-blocks' integer dot products and
+/// activation sums: S1 = Σ scale·dot (less the bias-code correction), S2 = Σ min·sum, then
+/// d·S1 and, for the types with mins, − dmin·S2 fused into it.
+fn block_res(
+    f: Fmt,
+    wb: &WBlock,
+    nsub: usize,
+    dot: impl Fn(usize) -> i32,
+    xsum: impl Fn(usize) -> i32,
+) -> f32 {
+    let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
+    for s in 0..nsub {
+        let x = xsum(s);
+        s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot(s)));
+        corr = corr.wrapping_add(wb.sc[s] as i32 * x);
+        if f.has_min {
+            let p = wb.pairs[s / 2];
+            let m = if s % 2 == 0 { p & 0xffff } else { p >> 16 } as i16 as i32;
+            s2 = s2.wrapping_add(m * x);
+        }
+    }
+    s1 = s1.wrapping_sub(f.bias.wrapping_mul(corr));
+    let res = wb.d * s1 as f32;
+    if f.has_min {
+        (-wb.dmin).mul_add(s2 as f32, res)
+    } else {
+        res
+    }
+}
+
 /// ggml's tiled result for one weight row `w` (`k` elements of `t`) and one q8_K column `x`:
 /// the definition the kernels are tested against.
 pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
@@ -512,35 +542,26 @@ pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         let xb = &x[b * Q8K..(b + 1) * Q8K];
         let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
         let bs16 = |j: usize| i16::from_le_bytes([xb[260 + 2 * j], xb[261 + 2 * j]]) as i32;
-        let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
-        for s in 0..QK_K / sub {
-            let mut dot = 0i32;
-            for e in s * sub..(s + 1) * sub {
-                let wv = if signed(t) {
-                    wb.q[e] as i8 as i32
-                } else {
-                    wb.q[e] as i32
-                };
-                dot += wv * xb[4 + e] as i8 as i32;
-            }
-            let xsum = if f.sub16 {
+        let dot = |s: usize| -> i32 {
+            (s * sub..(s + 1) * sub)
+                .map(|e| {
+                    let wv = if signed(t) {
+                        wb.q[e] as i8 as i32
+                    } else {
+                        wb.q[e] as i32
+                    };
+                    wv * xb[4 + e] as i8 as i32
+                })
+                .sum()
+        };
+        let xsum = |s: usize| {
+            if f.sub16 {
                 bs16(s)
             } else {
                 bs16(2 * s) + bs16(2 * s + 1)
-            };
-            s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
-            corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
-            if f.has_min {
-                let p = wb.pairs[s / 2];
-                let m = if s % 2 == 0 { p & 0xffff } else { p >> 16 } as i16 as i32;
-                s2 = s2.wrapping_add(m * xsum);
             }
-        }
-        s1 = s1.wrapping_sub(f.bias.wrapping_mul(corr));
-        let mut res = wb.d * s1 as f32;
-        if f.has_min {
-            res = (-wb.dmin).mul_add(s2 as f32, res);
-        }
+        };
+        let res = block_res(f, &wb, QK_K / sub, dot, xsum);
         acc = res.mul_add(yd, acc);
     }
     acc
@@ -759,27 +780,14 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
             *v = if signed(t) { q as i8 as i16 } else { q as i16 };
         }
         for c in 0..GROUP {
-            let (mut s1, mut s2, mut corr) = (0i32, 0i32, 0i32);
-            for s in 0..nsub {
-                let dot: i32 = w[s * sub..(s + 1) * sub]
+            let dot = |s: usize| -> i32 {
+                w[s * sub..(s + 1) * sub]
                     .iter()
                     .zip(&xs[c][s * sub..(s + 1) * sub])
                     .map(|(&a, &b)| a as i32 * b as i32)
-                    .sum();
-                let xsum = xsum[c][s];
-                s1 = s1.wrapping_add((wb.sc[s] as i32).wrapping_mul(dot));
-                corr = corr.wrapping_add(wb.sc[s] as i32 * xsum);
-                if f.has_min {
-                    let pr = wb.pairs[s / 2];
-                    let m = if s % 2 == 0 { pr & 0xffff } else { pr >> 16 } as i16 as i32;
-                    s2 = s2.wrapping_add(m * xsum);
-                }
-            }
-            s1 = s1.wrapping_sub(f.bias.wrapping_mul(corr));
-            let mut res = wb.d * s1 as f32;
-            if f.has_min {
-                res = (-wb.dmin).mul_add(s2 as f32, res);
-            }
+                    .sum()
+            };
+            let res = block_res(f, wb, nsub, dot, |s| xsum[c][s]);
             let a = &mut acc[r * stride + c];
             *a = res.mul_add(yd[c], *a);
         }
