@@ -535,6 +535,27 @@ pub(crate) mod avx2 {
         t
     };
 
+    /// The four 32-byte groups of 6-bit q6_K codes (0..63) of a 128-element half: low nibbles
+    /// of `b1`, `b2`, then their high nibbles, each with two high bits from `bh` (ggml's order).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q6k_codes(b1: __m256i, b2: __m256i, bh: __m256i) -> [__m256i; 4] {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let (m3, m15) = (_mm256_set1_epi8(3), _mm256_set1_epi8(15));
+            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
+            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
+            let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
+            [
+                _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
+                _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3),
+            ]
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         let (w, x) = (w.as_ptr(), x.as_ptr());
@@ -960,8 +981,6 @@ pub(crate) mod avx2 {
     unsafe fn q6_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
         unsafe {
-            let m3 = _mm256_set1_epi8(3);
-            let m15 = _mm256_set1_epi8(15);
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let (wb, xb) = (w.add(i * 210), x.add(i * Q8_K_SIZE));
@@ -980,16 +999,7 @@ pub(crate) mod avx2 {
                     let bh = load256(qh);
                     ql = ql.add(64);
                     qh = qh.add(32);
-                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
-                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
-                    let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
-                    let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
-                    let v = [
-                        _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
-                        _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3),
-                    ];
+                    let v = q6k_codes(b1, b2, bh);
                     let mut p = [_mm256_setzero_si256(); 4];
                     for s in 0..4 {
                         let prod = _mm256_maddubs_epi16(v[s], load256(q8.add(32 * s)));

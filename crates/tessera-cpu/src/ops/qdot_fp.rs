@@ -203,12 +203,7 @@ mod avx2 {
 
     use super::*;
 
-    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
+    pub use crate::ops::qdot::avx2::available;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {

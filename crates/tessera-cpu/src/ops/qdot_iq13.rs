@@ -267,12 +267,7 @@ mod avx2 {
 
     use super::*;
 
-    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
+    pub use crate::ops::qdot::avx2::available;
 
     /// ggml's `keven_signs_q2xs`: for each 7-bit sign index, 8 bytes of ±1 — byte j is -1 where
     /// bit j of the even-parity sign byte (`KSIGNS_IQ2XS`: the index plus a parity bit 7) is set.

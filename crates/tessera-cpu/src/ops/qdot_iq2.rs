@@ -183,12 +183,7 @@ mod avx2 {
 
     use super::*;
 
-    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
+    pub use crate::ops::qdot::avx2::available;
 
     /// ggml's `keven_signs_q2xs`: sign index i (7 bits, the 8th making the count of minus
     /// signs even, as `KSIGNS_IQ2XS[i]`) as 8 bytes of +1 / -1.

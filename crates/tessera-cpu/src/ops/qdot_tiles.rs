@@ -83,18 +83,14 @@ mod avx2 {
 
     // the helpers and tables the one-column kernels use, shared
     use crate::ops::qdot::avx2::{
-        both_halves, f16, f32_le, hsum, iq4_values, load128, load256, SHUF_K4, SHUF_Q3K, SHUF_Q6K,
+        both_halves, f16, f32_le, hsum, iq4_values, load128, load256, q6k_codes, SHUF_K4, SHUF_Q3K,
+        SHUF_Q6K,
     };
     use crate::ops::qdot::q3k_scales;
 
     use super::{Q8_K_SIZE, QK_K};
 
-    /// Whether this CPU runs the AVX2 kernels (std caches the answer).
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
+    pub use crate::ops::qdot::avx2::available;
 
     /// The 6-bit scales and mins of q4_K / q5_K (12 bytes at `s`) unpacked to 8 scales then 8
     /// mins as 16 u16 lanes (ggml's `utmp` shuffle, then `cvtepu8_epi16`).
@@ -257,8 +253,6 @@ mod avx2 {
     pub unsafe fn q6_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
         unsafe {
-            let m3 = _mm256_set1_epi8(3);
-            let m15 = _mm256_set1_epi8(15);
             let mut acc = [_mm256_setzero_ps(); 4];
             for i in 0..nb {
                 let wb = w.add(i * 210);
@@ -272,16 +266,7 @@ mod avx2 {
                     let b1 = load256(ql);
                     let b2 = load256(ql.add(32));
                     let bh = load256(qh);
-                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
-                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
-                    let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
-                    let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
-                    let v = [
-                        _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
-                        _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3),
-                    ];
+                    let v = q6k_codes(b1, b2, bh);
                     let mut sc = [_mm256_setzero_si256(); 4];
                     for s in 0..4 {
                         let row = load128(SHUF_Q6K[4 * h + s].as_ptr());
