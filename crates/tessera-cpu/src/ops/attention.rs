@@ -477,7 +477,7 @@ mod ggml_compat {
                 let t1 = _mm_hadd_ps(t0, t0);
                 let mut sum = _mm_cvtss_f32(_mm_hadd_ps(t1, t1)) as f64;
                 for e in full..n {
-                    let kv = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*k.add(e) as i32)));
+                    let kv = crate::ops::qdot::avx2::f16_bits(*k.add(e));
                     sum += (*q.add(e) * kv) as f64;
                 }
                 sum as f32
@@ -501,7 +501,7 @@ mod ggml_compat {
                     i += 8;
                 }
                 while i < n {
-                    let vx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(*v.add(i) as i32)));
+                    let vx = crate::ops::qdot::avx2::f16_bits(*v.add(i));
                     let y = vx.mul_add(vs, *acc.add(i));
                     *acc.add(i) = half::f16::from_f32(y).to_f32();
                     i += 1;

@@ -631,10 +631,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn f16(p: *const u8) -> f32 {
         // SAFETY: two readable bytes at p; F16C is enabled in every caller.
-        unsafe {
-            let bits = (p as *const u16).read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-        }
+        unsafe { crate::ops::qdot::avx2::f16(p) }
     }
 
     /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles.

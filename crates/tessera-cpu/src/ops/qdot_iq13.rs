@@ -310,7 +310,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn f16(bits: u16) -> f32 {
         // SAFETY: register arithmetic only; F16C is enabled.
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))) }
+        unsafe { crate::ops::qdot::avx2::f16_bits(bits) }
     }
 
     /// The little-endian u16 at `p`.
