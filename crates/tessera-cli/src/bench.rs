@@ -15,6 +15,17 @@ pub struct Opts {
     pub threads: Vec<usize>,
     pub reps: usize,
     pub numpy: bool,
+    /// Sections to run (all when empty); names from [`SECTIONS`].
+    pub only: Vec<String>,
+}
+
+/// The sections of `bench-ops`, in the order they run.
+pub const SECTIONS: [&str; 6] = ["matmul", "quant", "bandwidth", "pool", "add", "layer"];
+
+impl Opts {
+    fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -303,6 +314,83 @@ fn bench_quant(
     )
 }
 
+/// The machine's read bandwidth from memory with `threads` threads, GB/s: each thread sums its
+/// share of a `bytes`-long buffer (far larger than the caches) as 1, 4 and 8 interleaved
+/// streams; the best of the three medians is reported (on this VM one stream per thread draws
+/// 60-70 % of what several do, and which count is best varies from run to run).
+fn bench_read_bandwidth(threads: usize, reps: usize, bytes: usize) -> f64 {
+    fn sum(c: &[u64], streams: usize) -> u64 {
+        let part = c.len() / streams / 8 * 8;
+        let mut acc = [0u64; 8];
+        for i in (0..part).step_by(8) {
+            for s in 0..streams {
+                let at = s * part + i;
+                for (a, x) in acc.iter_mut().zip(&c[at..at + 8]) {
+                    *a = a.wrapping_add(*x);
+                }
+            }
+        }
+        acc.iter()
+            .chain(&c[streams * part..])
+            .fold(0, |a, &x| a.wrapping_add(x))
+    }
+    let n = bytes / 8;
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let chunk = n.div_ceil(threads.max(1));
+    [1, 4, 8]
+        .iter()
+        .map(|&streams| {
+            let secs = time(reps, || {
+                let total = std::thread::scope(|sc| {
+                    let hs: Vec<_> = buf
+                        .chunks(chunk)
+                        .map(|c| sc.spawn(move || sum(std::hint::black_box(c), streams)))
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().expect("bandwidth thread"))
+                        .fold(0u64, u64::wrapping_add)
+                });
+                std::hint::black_box(total);
+            });
+            (n * 8) as f64 / secs / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// GB/s of weights streamed by a mat-vec over a `bytes`-sized matrix of type `t` (K = 16384;
+/// the rows repeat one random 64-row block, which does not matter to a stream from memory).
+fn bench_big_matvec(cpu: &CpuBackend, reps: usize, t: DType, bytes: usize) -> f64 {
+    let k = 16384;
+    let row = t.row_size(k).expect("row size");
+    let m = (bytes / row).div_ceil(64) * 64;
+    let mut g = Graph::new();
+    let a = g.new_tensor(t, &[k, m]).unwrap();
+    let b = g.new_f32(&[k, 1]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    {
+        let mut g = Graph::new();
+        let small = g.new_tensor(t, &[k, 64]).unwrap();
+        let mut s2 = Session::new(g, &[small]).unwrap();
+        fill(&mut s2, small, 7);
+        let block = s2.get_bytes(small).expect("bytes");
+        let all: Vec<u8> = block.iter().copied().cycle().take(row * m).collect();
+        s.set_bytes(a, &all).expect("set bytes");
+    }
+    fill(&mut s, b, 8);
+    let secs = time_short(reps, || s.compute(cpu).unwrap());
+    (row * m) as f64 / secs / 1e9
+}
+
+/// Types of the large mat-vec beside the read bandwidth.
+pub const BIG_MATVEC_TYPES: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+];
+
 /// The quantized shapes of issue 4: (K, M) for a = [K, M].
 pub const QUANT_SHAPES: [(usize, usize); 3] = [(576, 1536), (1536, 576), (4096, 4096)];
 pub const QUANT_TYPES: [DType; 7] = [
@@ -320,6 +408,27 @@ pub fn run(o: &Opts) {
         "tessera bench-ops — CPU backend, ISA {}",
         tessera_cpu::simd::isa().name()
     );
+    if o.wants("matmul") {
+        section_matmul(o);
+    }
+    if o.wants("quant") {
+        section_quant(o);
+    }
+    if o.wants("bandwidth") {
+        section_bandwidth(o);
+    }
+    if o.wants("pool") {
+        section_pool(o);
+    }
+    if o.wants("add") {
+        section_add(o);
+    }
+    if o.wants("layer") {
+        section_layer(o);
+    }
+}
+
+fn section_matmul(o: &Opts) {
     println!();
     println!("f32 mul_mat, GFLOP/s (a = [K, M], b = [K, N]; numpy: the same product, OpenBLAS)");
     println!("| shape K×M·K×N | threads | tessera | numpy | ratio |");
@@ -347,6 +456,9 @@ pub fn run(o: &Opts) {
             }
         }
     }
+}
+
+fn section_quant(o: &Opts) {
     println!();
     println!("quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens)");
     println!("| type | shape K×M | threads | mat-vec GB/s | mat-vec GFLOP/s | mat-mat GFLOP/s |");
@@ -368,6 +480,29 @@ pub fn run(o: &Opts) {
             }
         }
     }
+}
+
+fn section_bandwidth(o: &Opts) {
+    const BYTES: usize = 256 << 20;
+    println!();
+    println!("mat-vec of a 256 MiB matrix (8x the L3 of this machine) vs the read bandwidth from memory, GB/s");
+    println!("| threads | read bandwidth | type | mat-vec GB/s | share of bandwidth |");
+    println!("|---|---|---|---|---|");
+    for &th in &o.threads {
+        let cpu = CpuBackend::new(th);
+        for &t in &BIG_MATVEC_TYPES {
+            // The bandwidth is measured next to each type, so a host slowdown shows in both.
+            let bw = bench_read_bandwidth(th, o.reps, BYTES);
+            let mv = bench_big_matvec(&cpu, o.reps, t, BYTES);
+            println!(
+                "| {th} | {bw:.1} | {t} | {mv:.1} | {:.0} % |",
+                100.0 * mv / bw
+            );
+        }
+    }
+}
+
+fn section_pool(o: &Opts) {
     println!();
     println!("thread pool");
     println!("| threads | bare barrier (ns) | per node, chain of 1000 tiny nodes (ns) |");
@@ -386,6 +521,9 @@ pub fn run(o: &Opts) {
             }
         );
     }
+}
+
+fn section_add(o: &Opts) {
     println!();
     println!(
         "element-wise add of 16M floats vs a plain copy of 16M floats (GB/s, bytes read + written)"
@@ -397,6 +535,9 @@ pub fn run(o: &Opts) {
         let (add, copy) = bench_add(&cpu, o.reps, 16 << 20);
         println!("| {th} | {add:.1} | {copy:.1} | {:.2} |", add / copy);
     }
+}
+
+fn section_layer(o: &Opts) {
     println!();
     println!("transformer layer (SmolLM2-135M sizes, 64 tokens, f32 weights)");
     println!(

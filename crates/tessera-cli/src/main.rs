@@ -113,6 +113,10 @@ enum Cmd {
         /// Skip the numpy baseline.
         #[arg(long)]
         no_numpy: bool,
+        /// Run only these sections, comma separated: matmul, quant, bandwidth, pool, add, layer
+        /// (all when absent).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Quantize a GGUF model like llama.cpp's llama-quantize (types, mixes, metadata).
     Quantize(quant_cmd::QuantizeArgs),
@@ -197,11 +201,20 @@ fn main() -> ExitCode {
             threads,
             reps,
             no_numpy,
+            only,
         } => {
+            if let Some(bad) = only.iter().find(|s| !bench::SECTIONS.contains(&s.as_str())) {
+                eprintln!(
+                    "error: bench-ops has no section '{bad}' (sections: {})",
+                    bench::SECTIONS.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
             bench::run(&bench::Opts {
                 threads,
                 reps: reps.max(1),
                 numpy: !no_numpy,
+                only,
             });
             ExitCode::SUCCESS
         }
