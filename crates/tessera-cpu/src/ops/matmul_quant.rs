@@ -348,7 +348,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                                 // the row `ahead` rows on, a few KiB away, into the cache while this one
                                 // is computed (a single core streams from memory only with enough misses
                                 // in flight; the one-row kernels have no prefetch of their own)
-                                if c0 == 0 && im + ahead < rows.end {
+                                let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
+                                    && super::qdot::self_prefetching(a.dtype);
+                                if c0 == 0 && im + ahead < rows.end && !own_prefetch {
                                     prefetch_row(
                                         ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
                                         row_bytes,
