@@ -121,3 +121,48 @@ fn cache_blocking_does_not_change_any_element() {
         }
     }
 }
+
+/// The mat-vec of the four-row types takes each call's rows from four quarters of a thread's
+/// rows (for streaming): every element must still be the one-row kernel's value for its row, at
+/// every row count (remainders of 1-3 rows, fewer rows than four), thread count and batch, with
+/// a broadcast weight matrix.
+#[test]
+fn mat_vec_rows_in_any_order_equal_the_one_row_kernel() {
+    use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot, vec_dot_type};
+    let mut rng = Rng::new(23);
+    for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        let k = 96;
+        for m in [1usize, 3, 4, 5, 37, 130] {
+            let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let bv: Vec<f32> = (0..k * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let mut g = Graph::new();
+            let a = g.new_tensor(t, &[k, m, 1]).unwrap();
+            let b = g.new_f32(&[k, 1, 2]).unwrap();
+            let y = g.mul_mat(a, b).unwrap();
+            let mut s = Session::new(g, &[y]).unwrap();
+            s.set_f32(a, &av).unwrap();
+            s.set_f32(b, &bv).unwrap();
+            let wbytes = s.get_bytes(a).unwrap();
+            let row = t.row_size(k).unwrap();
+            let vdt = vec_dot_type(t);
+            for cpu in cpu_configs() {
+                s.compute(&cpu).unwrap();
+                let got = s.get_f32(y).unwrap();
+                for batch in 0..2 {
+                    let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+                    quantize_activations(vdt, &bv[batch * k..(batch + 1) * k], &mut x).unwrap();
+                    for r in 0..m {
+                        let want = vec_dot(cpu.isa(), t, &wbytes[r * row..(r + 1) * row], &x, k);
+                        assert_eq!(
+                            got[batch * m + r].to_bits(),
+                            want.to_bits(),
+                            "{t}: m={m} row {r} batch {batch} on {:?}/{}t",
+                            cpu.isa(),
+                            cpu.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
