@@ -122,22 +122,31 @@ fn cache_blocking_does_not_change_any_element() {
     }
 }
 
-/// The mat-vec of the four-row types takes each call's rows from four quarters of a thread's
-/// rows (for streaming): every element must still be the one-row kernel's value for its row, at
-/// every row count (remainders of 1-3 rows, fewer rows than four), thread count and batch, with
+/// A mat-vec (or a product with a few columns, as in decoding several sequences) of the
+/// four-row types takes each call's rows from four quarters of a thread's rows, for streaming:
+/// every element must still be the one-row, one-column kernel's value, at every row count
+/// (remainders of 1-3 rows, fewer rows than four), column count, thread count and batch, with
 /// a broadcast weight matrix.
 #[test]
-fn mat_vec_rows_in_any_order_equal_the_one_row_kernel() {
+fn few_column_products_equal_the_one_row_kernel_in_any_row_order() {
     use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot, vec_dot_type};
     let mut rng = Rng::new(23);
     for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
         let k = 96;
-        for m in [1usize, 3, 4, 5, 37, 130] {
+        for (m, n) in [
+            (1usize, 1usize),
+            (3, 2),
+            (4, 1),
+            (5, 3),
+            (37, 1),
+            (37, 7),
+            (130, 5),
+        ] {
             let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let bv: Vec<f32> = (0..k * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let bv: Vec<f32> = (0..k * n * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let mut g = Graph::new();
             let a = g.new_tensor(t, &[k, m, 1]).unwrap();
-            let b = g.new_f32(&[k, 1, 2]).unwrap();
+            let b = g.new_f32(&[k, n, 2]).unwrap();
             let y = g.mul_mat(a, b).unwrap();
             let mut s = Session::new(g, &[y]).unwrap();
             s.set_f32(a, &av).unwrap();
@@ -148,15 +157,15 @@ fn mat_vec_rows_in_any_order_equal_the_one_row_kernel() {
             for cpu in cpu_configs() {
                 s.compute(&cpu).unwrap();
                 let got = s.get_f32(y).unwrap();
-                for batch in 0..2 {
+                for col in 0..2 * n {
                     let mut x = vec![0u8; vdt.row_size(k).unwrap()];
-                    quantize_activations(vdt, &bv[batch * k..(batch + 1) * k], &mut x).unwrap();
+                    quantize_activations(vdt, &bv[col * k..(col + 1) * k], &mut x).unwrap();
                     for r in 0..m {
                         let want = vec_dot(cpu.isa(), t, &wbytes[r * row..(r + 1) * row], &x, k);
                         assert_eq!(
-                            got[batch * m + r].to_bits(),
+                            got[col * m + r].to_bits(),
                             want.to_bits(),
-                            "{t}: m={m} row {r} batch {batch} on {:?}/{}t",
+                            "{t}: m={m} n={n} row {r} column {col} on {:?}/{}t",
                             cpu.isa(),
                             cpu.n_threads()
                         );

@@ -34,6 +34,10 @@ fn has_int_kernel(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || super::qdot::supported(t)
 }
 
+/// Up to this many columns per batch, the four-row types walk their rows as four far-apart
+/// streams (`compute`); more columns take the cache-blocked loop (or `qgemm_0` from eight on).
+const FAR_ROWS_MAX_COLS: usize = 7;
+
 /// Types whose kernels live in this file (with the four-row variant).
 fn local_kernel(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
@@ -252,38 +256,72 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
     let pf = (4 * a.nb[1]).max(4096);
     let ahead = 4096usize.div_ceil(a.nb[1].max(1)).max(1);
-    if n == 1 && local_kernel(a.dtype) {
-        // Mat-vec: each four-row call takes its rows from the four quarters of this thread's
-        // rows (q, q + Q, q + 2Q, q + 3Q), so the weights stream from memory as four long
-        // sequential runs. Four adjacent short rows (SmolLM2's are 360-612 bytes) hop through
-        // memory in 1.5-2.5 KiB pieces that the hardware prefetcher does not follow: a plain
-        // read of that pattern runs at 9-10 GB/s on one core here, of four long runs at 16-17.
-        // Every row is computed by the same kernel as before, so no result changes.
-        let pf_mv = 512;
+    if n <= FAR_ROWS_MAX_COLS && local_kernel(a.dtype) {
+        // Mat-vec and a few columns (decode, one per sequence): each four-row call takes its
+        // rows from the four quarters of this thread's rows (q, q + Q, q + 2Q, q + 3Q), so the
+        // weights stream from memory as four long sequential runs. Four adjacent short rows
+        // (SmolLM2's are 360-612 bytes) hop through memory in 1.5-2.5 KiB pieces that the
+        // hardware prefetcher does not follow: a plain read of that pattern runs at 9-10 GB/s
+        // on one core here, of four long runs at 16-17. Every element is computed by the same
+        // kernel as in the blocked loop below, so no result changes.
+        let pf_near = 512;
         let quarter = rows.len() / 4;
         for i3 in 0..b.ne[3] {
             for i2 in 0..b.ne[2] {
                 let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
                 let d_off = i2 * d.nb[2] + i3 * d.nb[3];
                 let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
-                // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows] of this
-                // batch is written by this thread only; the quantized column was finished before
-                // the barrier.
+                // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows, ..] of
+                // this batch is written by this thread only; the quantized columns were
+                // finished before the barrier.
                 unsafe {
                     let row = |r: usize| {
                         std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
                     };
-                    let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
-                    let out = ctx.dst.add(d_off) as *mut f32;
+                    let qcol = |j: usize| {
+                        std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                    };
+                    let out =
+                        |j: usize, r: usize| ctx.dst.add(d_off + j * d.nb[1] + r * 4) as *mut f32;
                     for q in 0..quarter {
                         let im: [usize; 4] = std::array::from_fn(|j| rows.start + q + j * quarter);
-                        let v = vec_dot4(ctx.isa, a.dtype, im.map(row), x, k, pf_mv);
-                        for (&r, &y) in im.iter().zip(&v) {
-                            *out.add(r) = y;
+                        let ws = im.map(row);
+                        let mut j = 0;
+                        while j + 3 <= n {
+                            let v = vec_dot_4x3(
+                                ctx.isa,
+                                a.dtype,
+                                ws,
+                                [qcol(j), qcol(j + 1), qcol(j + 2)],
+                                k,
+                            );
+                            for (c, col) in v.iter().enumerate() {
+                                for (&r, &y) in im.iter().zip(col) {
+                                    *out(j + c, r) = y;
+                                }
+                            }
+                            j += 3;
+                        }
+                        while j + 2 <= n {
+                            let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
+                            for (c, col) in v.iter().enumerate() {
+                                for (&r, &y) in im.iter().zip(col) {
+                                    *out(j + c, r) = y;
+                                }
+                            }
+                            j += 2;
+                        }
+                        if j < n {
+                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf_near);
+                            for (&r, &y) in im.iter().zip(&v) {
+                                *out(j, r) = y;
+                            }
                         }
                     }
                     for r in rows.start + 4 * quarter..rows.end {
-                        *out.add(r) = vec_dot(ctx.isa, a.dtype, row(r), x, k);
+                        for j in 0..n {
+                            *out(j, r) = vec_dot(ctx.isa, a.dtype, row(r), qcol(j), k);
+                        }
                     }
                 }
             }
