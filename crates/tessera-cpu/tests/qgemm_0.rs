@@ -1,4 +1,4 @@
-//! The q4_0 / q4_1 / q5_0 / q5_1 / q8_0 mat-mat path for eight or more columns (`qgemm_0`, AVX2): every
+//! The q4_0 / q4_1 / q5_0 / q5_1 / q8_0 mat-mat path for five or more columns (`qgemm_0`, AVX2): every
 //! element of a CPU mul_mat equals the one-column kernel (`matmul_quant::vec_dot`, ggml's
 //! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
 //! across row chunks (64), column windows (64), K chunks (8 blocks), ragged edges and batches
@@ -28,6 +28,8 @@ fn every_element_equals_the_one_column_kernel() {
     ] {
         for &(k, m, n, nb2) in &[
             (32usize, 5usize, 8usize, 1usize),
+            (64, 6, 5, 1),
+            (96, 9, 7, 2),
             (320, 7, 9, 1),
             (256, 4, 17, 2),
         ] {

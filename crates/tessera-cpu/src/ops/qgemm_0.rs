@@ -1,4 +1,4 @@
-//! Quantized mat-mat for q4_0, q4_1, q5_0, q5_1 and q8_0 weights against eight or more columns (AVX2), each
+//! Quantized mat-mat for q4_0, q4_1, q5_0, q5_1 and q8_0 weights against five or more columns (AVX2), each
 //! element bit-identical to the one-column AVX2 kernel (`matmul_quant::vec_dot`, which is
 //! ggml's x86 `vec_dot`).
 //!
@@ -62,10 +62,16 @@ fn bias(t: DType) -> i32 {
     }
 }
 
+/// Fewest columns per batch for this path: from five, one pass over the weights with the
+/// columns in the lanes (a group padded with zero columns) beats the four-row tiles, which
+/// unpack each weight block once per three columns (576x131072 q4_1, one thread: 6 columns
+/// 22-27 ms there, 16 ms here; 4 columns about equal).
+pub const MIN_COLS: usize = 5;
+
 /// Whether a mul_mat of `t` against `cols_per_batch` columns may take this path (it runs only
 /// on AVX2; other ISAs keep the one-column kernels, whose scalar order differs).
 pub fn applies(t: DType, cols_per_batch: usize) -> bool {
-    supported(t) && cols_per_batch >= GROUP
+    supported(t) && cols_per_batch >= MIN_COLS
 }
 
 /// Whether this CPU and ISA run the path.
