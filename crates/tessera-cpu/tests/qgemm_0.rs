@@ -1,7 +1,7 @@
 //! The q4_0 / q4_1 / q5_0 / q5_1 / q8_0 mat-mat path for five or more columns (`qgemm_0`, AVX2): every
 //! element of a CPU mul_mat equals the one-column kernel (`matmul_quant::vec_dot`, ggml's
 //! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
-//! across row chunks (64), column windows (64), K chunks (8 blocks), ragged edges and batches
+//! across row chunks (32), column windows (128), K chunks (32 blocks), ragged edges and batches
 //! with a broadcast weight matrix. On the scalar ISA the one-column kernels run as before.
 
 mod common;
@@ -38,14 +38,16 @@ fn every_element_equals_the_one_column_kernel() {
     }
 }
 
-/// More rows than a chunk (64), more columns than a window (64 = 8 groups), more blocks than
-/// a K chunk (4), all ragged.
+/// More rows than a chunk (32), more columns than a window (128 = 16 groups), more blocks
+/// than a K chunk (32), all ragged; and the few-group path (up to 24 columns).
 #[test]
 fn chunks_windows_and_ragged_edges() {
     let mut rng = Rng::new(52);
+    check(DType::Q4_1, 1056, 70, 131, 1, &mut rng);
+    check(DType::Q8_0, 1088, 35, 135, 1, &mut rng);
     check(DType::Q4_1, 352, 70, 75, 1, &mut rng);
-    check(DType::Q8_0, 288, 66, 67, 1, &mut rng);
     check(DType::Q4_0, 96, 130, 8, 1, &mut rng);
+    check(DType::Q5_1, 64, 9, 24, 1, &mut rng);
 }
 
 /// A strided `b` (a transposed view, columns 4·n bytes apart element to element) gives the
