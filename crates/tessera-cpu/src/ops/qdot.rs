@@ -595,22 +595,20 @@ pub(crate) mod avx2 {
     /// prefetches the next row; a prefetch never faults).
     pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
-    /// Prefetches the `B`-byte block `PREFETCH_AHEAD` bytes after `p`, every cache line of it.
+    /// Prefetches `PREFETCH_AHEAD` bytes after the `B`-byte block at `p`, one line per 64 bytes
+    /// of the block (consecutive blocks cover every line of the stream; a line straddling two
+    /// blocks may be asked for twice). Measured on q4_K mat-vec, one and two threads, against
+    /// no prefetch: +15-30 % from memory (16384×8192), -3-5 % when the matrix sits in L3
+    /// (4096×4096); 2 or 8 KiB ahead and the T1/T2/NTA hints the same within noise.
     #[inline(always)]
     pub(crate) unsafe fn prefetch_block<const B: usize>(p: *const u8) {
         let q = p.wrapping_add(PREFETCH_AHEAD);
-        // SAFETY (all three): a prefetch is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch(q as *const i8, _MM_HINT_T0) };
-        if B < 64 {
-            // blocks shorter than a line: every line holds the start of some block
-            return;
-        }
-        let mut off = 64;
+        let mut off = 0;
         while off < B {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe { _mm_prefetch(q.wrapping_add(off) as *const i8, _MM_HINT_T0) };
             off += 64;
         }
-        unsafe { _mm_prefetch(q.wrapping_add(B - 1) as *const i8, _MM_HINT_T0) };
     }
 
     /// One f16 at `p` as f32 (F16C, in registers).
