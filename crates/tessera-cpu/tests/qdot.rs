@@ -274,3 +274,45 @@ fn rejects_unsupported_types() {
     let x = vec![0u8; DType::Q8_0.type_size()];
     vec_dot(Isa::Scalar, DType::Q4_0, &w, &x, 32);
 }
+
+/// `vec_dot_rows` (one dispatch for many rows, as a mat-vec calls it) gives each row exactly
+/// `vec_dot`'s bits, for rows packed back to back and rows further apart (a view), on both ISAs.
+#[test]
+fn vec_dot_rows_equals_vec_dot_on_every_row() {
+    use tessera_cpu::ops::qdot::vec_dot_rows;
+    for (ti, &t) in TYPES.iter().enumerate() {
+        let k = 512;
+        let row = t.row_size(k).unwrap();
+        let vdt = vec_dot_type(t);
+        let mut next = rng(100 + ti as u64);
+        let xv: Vec<f32> = (0..k).map(|_| next()).collect();
+        let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+        quantize_activations(vdt, &xv, &mut x).unwrap();
+        for stride in [row, row + 7] {
+            let n = 9;
+            let mut w = vec![0u8; (n - 1) * stride + row];
+            for r in 0..n {
+                let wv: Vec<f32> = (0..k).map(|_| next()).collect();
+                tessera_quants::quantize_row(
+                    t.id(),
+                    &wv,
+                    &mut w[r * stride..r * stride + row],
+                    None,
+                )
+                .unwrap();
+            }
+            for isa in [Isa::Scalar, tessera_cpu::simd::isa()] {
+                let mut out = vec![0f32; n];
+                vec_dot_rows(isa, t, &w, stride, &x, k, &mut out);
+                for (r, &o) in out.iter().enumerate() {
+                    let want = vec_dot(isa, t, &w[r * stride..r * stride + row], &x, k);
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "{t} row {r} stride {stride} {isa:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -250,6 +250,19 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     ctx.barrier();
     // Phase 2: rows of a split across threads.
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    // every batch (i2, i3): its weight matrix's offset (broadcast over r2, r3), its result's
+    // offset and its first column among the quantized columns
+    let batches = || {
+        (0..b.ne[3]).flat_map(move |i3| {
+            (0..b.ne[2]).map(move |i2| {
+                (
+                    (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3],
+                    i2 * d.nb[2] + i3 * d.nb[3],
+                    (i3 * b.ne[2] + i2) * b.ne[1],
+                )
+            })
+        })
+    };
     let row_bytes = a.dtype.row_size(k).expect("validated");
     let rows = ctx.share(m);
     // prefetch distance for the four-row kernels: the next group of rows, and at least 4 KiB
@@ -266,64 +279,84 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         // kernel as in the blocked loop below, so no result changes.
         let pf_near = 512;
         let quarter = rows.len() / 4;
-        for i3 in 0..b.ne[3] {
-            for i2 in 0..b.ne[2] {
-                let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
-                let d_off = i2 * d.nb[2] + i3 * d.nb[3];
-                let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
-                // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows, ..] of
-                // this batch is written by this thread only; the quantized columns were
-                // finished before the barrier.
-                unsafe {
-                    let row = |r: usize| {
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
-                    };
-                    let qcol = |j: usize| {
-                        std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
-                    };
-                    let out =
-                        |j: usize, r: usize| ctx.dst.add(d_off + j * d.nb[1] + r * 4) as *mut f32;
-                    for q in 0..quarter {
-                        let im: [usize; 4] = std::array::from_fn(|j| rows.start + q + j * quarter);
-                        let ws = im.map(row);
-                        let mut j = 0;
-                        while j + 3 <= n {
-                            let v = vec_dot_4x3(
-                                ctx.isa,
-                                a.dtype,
-                                ws,
-                                [qcol(j), qcol(j + 1), qcol(j + 2)],
-                                k,
-                            );
-                            for (c, col) in v.iter().enumerate() {
-                                for (&r, &y) in im.iter().zip(col) {
-                                    *out(j + c, r) = y;
-                                }
-                            }
-                            j += 3;
-                        }
-                        while j + 2 <= n {
-                            let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
-                            for (c, col) in v.iter().enumerate() {
-                                for (&r, &y) in im.iter().zip(col) {
-                                    *out(j + c, r) = y;
-                                }
-                            }
-                            j += 2;
-                        }
-                        if j < n {
-                            let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf_near);
-                            for (&r, &y) in im.iter().zip(&v) {
-                                *out(j, r) = y;
+        for (a_off, d_off, col0) in batches() {
+            // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows, ..] of
+            // this batch is written by this thread only; the quantized columns were
+            // finished before the barrier.
+            unsafe {
+                let row = |r: usize| {
+                    std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                };
+                let qcol = |j: usize| {
+                    std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                };
+                let out = |j: usize, r: usize| ctx.dst.add(d_off + j * d.nb[1] + r * 4) as *mut f32;
+                for q in 0..quarter {
+                    let im: [usize; 4] = std::array::from_fn(|j| rows.start + q + j * quarter);
+                    let ws = im.map(row);
+                    let mut j = 0;
+                    while j + 3 <= n {
+                        let v = vec_dot_4x3(
+                            ctx.isa,
+                            a.dtype,
+                            ws,
+                            [qcol(j), qcol(j + 1), qcol(j + 2)],
+                            k,
+                        );
+                        for (c, col) in v.iter().enumerate() {
+                            for (&r, &y) in im.iter().zip(col) {
+                                *out(j + c, r) = y;
                             }
                         }
+                        j += 3;
                     }
-                    for r in rows.start + 4 * quarter..rows.end {
-                        for j in 0..n {
-                            *out(j, r) = vec_dot(ctx.isa, a.dtype, row(r), qcol(j), k);
+                    while j + 2 <= n {
+                        let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
+                        for (c, col) in v.iter().enumerate() {
+                            for (&r, &y) in im.iter().zip(col) {
+                                *out(j + c, r) = y;
+                            }
+                        }
+                        j += 2;
+                    }
+                    if j < n {
+                        let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf_near);
+                        for (&r, &y) in im.iter().zip(&v) {
+                            *out(j, r) = y;
                         }
                     }
                 }
+                for r in rows.start + 4 * quarter..rows.end {
+                    for j in 0..n {
+                        *out(j, r) = vec_dot(ctx.isa, a.dtype, row(r), qcol(j), k);
+                    }
+                }
+            }
+        }
+        return Ok(());
+    }
+    if n == 1
+        && matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
+        && super::qdot::self_prefetching(a.dtype)
+        && !rows.is_empty()
+    {
+        // Mat-vec of the one-row kernels that prefetch their own weights: all of this thread's
+        // rows in one call (one dispatch instead of one per row; same results).
+        for (a_off, d_off, col0) in batches() {
+            // SAFETY: rows `rows` of this batch lie in a's validated span, the last one
+            // `row_bytes` long; dst[rows] of this batch (f32, contiguous) is written by this
+            // thread only; the quantized column was finished before the barrier.
+            unsafe {
+                let w = std::slice::from_raw_parts(
+                    ctx.src[0].add(a_off + rows.start * a.nb[1]),
+                    (rows.len() - 1) * a.nb[1] + row_bytes,
+                );
+                let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
+                let out = std::slice::from_raw_parts_mut(
+                    (ctx.dst.add(d_off) as *mut f32).add(rows.start),
+                    rows.len(),
+                );
+                super::qdot::vec_dot_rows(ctx.isa, a.dtype, w, a.nb[1], x, k, out);
             }
         }
         return Ok(());
@@ -332,160 +365,150 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // quantized columns (a multiple of 3)
     let rb = ((64 << 10) / row_bytes.max(1) / 4 * 4).max(4);
     let cb = ((128 << 10) / l.qrow.max(1) / 3 * 3).max(3);
-    for i3 in 0..b.ne[3] {
-        for i2 in 0..b.ne[2] {
-            let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
-            let d_off = i2 * d.nb[2] + i3 * d.nb[3];
-            let col0 = (i3 * b.ne[2] + i2) * b.ne[1];
-            // cache blocking: a block of this thread's rows (weights kept in L2) against a
-            // block of columns (quantized activations kept in L2); each result is still
-            // computed by the same kernel, so the blocking does not change it
-            let mut r0 = rows.start;
-            while r0 < rows.end {
-                let r1 = (r0 + rb).min(rows.end);
-                let mut c0 = 0;
-                while c0 < n {
-                    let c1 = (c0 + cb).min(n);
-                    let mut im = r0;
-                    while im < r1 {
-                        // four rows at a time share each activation load and the scale conversions (the
-                        // integer kernels compute every row exactly as the one-row kernel does, so the
-                        // split does not matter)
-                        let group = if local_kernel(a.dtype) && im + 4 <= r1 {
-                            4
-                        } else {
-                            1
+    for (a_off, d_off, col0) in batches() {
+        // cache blocking: a block of this thread's rows (weights kept in L2) against a
+        // block of columns (quantized activations kept in L2); each result is still
+        // computed by the same kernel, so the blocking does not change it
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let r1 = (r0 + rb).min(rows.end);
+            let mut c0 = 0;
+            while c0 < n {
+                let c1 = (c0 + cb).min(n);
+                let mut im = r0;
+                while im < r1 {
+                    // four rows at a time share each activation load and the scale conversions (the
+                    // integer kernels compute every row exactly as the one-row kernel does, so the
+                    // split does not matter)
+                    let group = if local_kernel(a.dtype) && im + 4 <= r1 {
+                        4
+                    } else {
+                        1
+                    };
+                    // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
+                    // batch is written by this thread only; the quantized columns were finished
+                    // before the barrier.
+                    unsafe {
+                        let row = |r: usize| {
+                            std::slice::from_raw_parts(
+                                ctx.src[0].add(a_off + r * a.nb[1]),
+                                row_bytes,
+                            )
                         };
-                        // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
-                        // batch is written by this thread only; the quantized columns were finished
-                        // before the barrier.
-                        unsafe {
-                            let row = |r: usize| {
+                        if group == 4 {
+                            let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
+                            let qcol = |j: usize| {
                                 std::slice::from_raw_parts(
-                                    ctx.src[0].add(a_off + r * a.nb[1]),
-                                    row_bytes,
+                                    ctx.wdata.add((col0 + j) * l.qrow),
+                                    l.qrow,
                                 )
                             };
-                            if group == 4 {
-                                let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
+                            let mut j = c0;
+                            // three (then two) columns at a time share each unpacked weight block (each
+                            // result computed exactly as the one-row, one-column kernel does)
+                            while j + 3 <= c1 {
+                                let v = vec_dot_4x3(
+                                    ctx.isa,
+                                    a.dtype,
+                                    ws,
+                                    [qcol(j), qcol(j + 1), qcol(j + 2)],
+                                    k,
+                                );
+                                for (c, col) in v.iter().enumerate() {
+                                    let out =
+                                        ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
+                                    for (r, &x) in col.iter().enumerate() {
+                                        *out.add(r) = x;
+                                    }
+                                }
+                                j += 3;
+                            }
+                            while j + 2 <= c1 {
+                                let v =
+                                    vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
+                                for (c, col) in v.iter().enumerate() {
+                                    let out =
+                                        ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
+                                    for (r, &x) in col.iter().enumerate() {
+                                        *out.add(r) = x;
+                                    }
+                                }
+                                j += 2;
+                            }
+                            while j < c1 {
+                                let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
+                                let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
+                                for (r, &x) in v.iter().enumerate() {
+                                    *out.add(r) = x;
+                                }
+                                j += 1;
+                            }
+                        } else {
+                            let arow = row(im);
+                            // the row `ahead` rows on, a few KiB away, into the cache while this one
+                            // is computed (a single core streams from memory only with enough misses
+                            // in flight; the one-row kernels have no prefetch of their own)
+                            let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
+                                && super::qdot::self_prefetching(a.dtype);
+                            if c0 == 0 && im + ahead < rows.end && !own_prefetch {
+                                prefetch_row(
+                                    ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
+                                    row_bytes,
+                                );
+                            }
+                            if !has_int_kernel(a.dtype) {
+                                tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
+                                    .map_err(|e| ctx.err(e.to_string()))?;
+                            }
+                            let mut j0 = c0;
+                            // four columns at a time share the weight row's unpacking
+                            // (each result bit-identical to the one-column kernel's)
+                            if super::qdot_tiles::supported(a.dtype) {
                                 let qcol = |j: usize| {
                                     std::slice::from_raw_parts(
                                         ctx.wdata.add((col0 + j) * l.qrow),
                                         l.qrow,
                                     )
                                 };
-                                let mut j = c0;
-                                // three (then two) columns at a time share each unpacked weight block (each
-                                // result computed exactly as the one-row, one-column kernel does)
-                                while j + 3 <= c1 {
-                                    let v = vec_dot_4x3(
+                                while j0 + 4 <= c1 {
+                                    let v = super::qdot_tiles::vec_dot_1x4(
                                         ctx.isa,
                                         a.dtype,
-                                        ws,
-                                        [qcol(j), qcol(j + 1), qcol(j + 2)],
+                                        arow,
+                                        [qcol(j0), qcol(j0 + 1), qcol(j0 + 2), qcol(j0 + 3)],
                                         k,
                                     );
-                                    for (c, col) in v.iter().enumerate() {
-                                        let out = ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4)
-                                            as *mut f32;
-                                        for (r, &x) in col.iter().enumerate() {
-                                            *out.add(r) = x;
-                                        }
+                                    for (c, &x) in v.iter().enumerate() {
+                                        *(ctx.dst.add(d_off + (j0 + c) * d.nb[1] + im * 4)
+                                            as *mut f32) = x;
                                     }
-                                    j += 3;
-                                }
-                                while j + 2 <= c1 {
-                                    let v = vec_dot_4x2(
-                                        ctx.isa,
-                                        a.dtype,
-                                        ws,
-                                        [qcol(j), qcol(j + 1)],
-                                        k,
-                                    );
-                                    for (c, col) in v.iter().enumerate() {
-                                        let out = ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4)
-                                            as *mut f32;
-                                        for (r, &x) in col.iter().enumerate() {
-                                            *out.add(r) = x;
-                                        }
-                                    }
-                                    j += 2;
-                                }
-                                while j < c1 {
-                                    let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
-                                    let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
-                                    for (r, &x) in v.iter().enumerate() {
-                                        *out.add(r) = x;
-                                    }
-                                    j += 1;
-                                }
-                            } else {
-                                let arow = row(im);
-                                // the row `ahead` rows on, a few KiB away, into the cache while this one
-                                // is computed (a single core streams from memory only with enough misses
-                                // in flight; the one-row kernels have no prefetch of their own)
-                                let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
-                                    && super::qdot::self_prefetching(a.dtype);
-                                if c0 == 0 && im + ahead < rows.end && !own_prefetch {
-                                    prefetch_row(
-                                        ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
-                                        row_bytes,
-                                    );
-                                }
-                                if !has_int_kernel(a.dtype) {
-                                    tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
-                                        .map_err(|e| ctx.err(e.to_string()))?;
-                                }
-                                let mut j0 = c0;
-                                // four columns at a time share the weight row's unpacking
-                                // (each result bit-identical to the one-column kernel's)
-                                if super::qdot_tiles::supported(a.dtype) {
-                                    let qcol = |j: usize| {
-                                        std::slice::from_raw_parts(
-                                            ctx.wdata.add((col0 + j) * l.qrow),
-                                            l.qrow,
-                                        )
-                                    };
-                                    while j0 + 4 <= c1 {
-                                        let v = super::qdot_tiles::vec_dot_1x4(
-                                            ctx.isa,
-                                            a.dtype,
-                                            arow,
-                                            [qcol(j0), qcol(j0 + 1), qcol(j0 + 2), qcol(j0 + 3)],
-                                            k,
-                                        );
-                                        for (c, &x) in v.iter().enumerate() {
-                                            *(ctx.dst.add(d_off + (j0 + c) * d.nb[1] + im * 4)
-                                                as *mut f32) = x;
-                                        }
-                                        j0 += 4;
-                                    }
-                                }
-                                for j in j0..c1 {
-                                    let col = col0 + j;
-                                    let v = if has_int_kernel(a.dtype) {
-                                        let q = std::slice::from_raw_parts(
-                                            ctx.wdata.add(col * l.qrow),
-                                            l.qrow,
-                                        );
-                                        vec_dot(ctx.isa, a.dtype, arow, q, k)
-                                    } else {
-                                        let act = std::slice::from_raw_parts(
-                                            (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
-                                            k,
-                                        );
-                                        dot_f32(ctx.isa, tmp, act)
-                                    };
-                                    *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                                    j0 += 4;
                                 }
                             }
+                            for j in j0..c1 {
+                                let col = col0 + j;
+                                let v = if has_int_kernel(a.dtype) {
+                                    let q = std::slice::from_raw_parts(
+                                        ctx.wdata.add(col * l.qrow),
+                                        l.qrow,
+                                    );
+                                    vec_dot(ctx.isa, a.dtype, arow, q, k)
+                                } else {
+                                    let act = std::slice::from_raw_parts(
+                                        (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
+                                        k,
+                                    );
+                                    dot_f32(ctx.isa, tmp, act)
+                                };
+                                *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                            }
                         }
-                        im += group;
                     }
-                    c0 = c1;
+                    im += group;
                 }
-                r0 = r1;
+                c0 = c1;
             }
+            r0 = r1;
         }
     }
     Ok(())

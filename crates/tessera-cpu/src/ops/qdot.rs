@@ -109,6 +109,55 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 #[inline(always)]
+/// `vec_dot` of `out.len()` rows against one activation row: row `r` starts at byte
+/// `r * stride` of `w`. The kernel is chosen once for all rows (the per-call checks and
+/// dispatch of [`vec_dot`] cost as much as a short row's products: SmolLM2-sized k-quant rows
+/// hold 2-6 superblocks). Every result is bit-identical to `vec_dot` on its row.
+///
+/// Panics as [`vec_dot`] does, or if `w` does not hold the rows.
+#[allow(clippy::manual_is_multiple_of)]
+pub fn vec_dot_rows(
+    isa: Isa,
+    t: DType,
+    w: &[u8],
+    stride: usize,
+    x: &[u8],
+    k: usize,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    let bs = t.block_size();
+    assert!(
+        supported(t) && k % bs == 0,
+        "qdot: no {t} kernel for rows of {k}"
+    );
+    let nb = k / bs;
+    let row = nb * t.type_size();
+    assert!(
+        w.len() >= (n - 1) * stride + row && x.len() >= nb * act_block_size(t),
+        "qdot: {n} rows of {row} bytes {stride} apart do not fit {} bytes",
+        w.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && avx2::available()
+        && !super::qdot_iq2::supported(t)
+        && !super::qdot_iq13::supported(t)
+        && !super::qdot_fp::supported(t)
+    {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above); every row and x hold nb
+        // blocks of their formats (asserted above).
+        unsafe { avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out) };
+        return;
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = vec_dot(isa, t, &w[r * stride..r * stride + row], x, k);
+    }
+}
+
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
@@ -586,6 +635,45 @@ pub(crate) mod avx2 {
                 DType::TQ2_0 => tq2_0(w, x, nb),
                 _ => unreachable!("checked by the caller"),
             }
+        }
+    }
+
+    /// [`super::vec_dot_rows`] on AVX2: one dispatch, then the kernel row after row.
+    ///
+    /// # Safety
+    /// `n = out.len()` rows of `nb` blocks of `t` at `w + r * stride`, `nb` activation blocks
+    /// in `x`; the CPU has AVX2, FMA and F16C; `t` is one of [`vec_dot`]'s types.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot_rows(
+        t: DType,
+        w: *const u8,
+        stride: usize,
+        x: &[u8],
+        nb: usize,
+        out: &mut [f32],
+    ) {
+        let x = x.as_ptr();
+        macro_rules! rows {
+            ($kernel:ident) => {
+                for (r, o) in out.iter_mut().enumerate() {
+                    // SAFETY: row r lies at w + r * stride (caller).
+                    *o = unsafe { $kernel(w.add(r * stride), x, nb) };
+                }
+            };
+        }
+        match t {
+            DType::Q5_0 => rows!(q5_0),
+            DType::Q5_1 => rows!(q5_1),
+            DType::IQ4NL => rows!(iq4_nl),
+            DType::Q2K => rows!(q2_k),
+            DType::Q3K => rows!(q3_k),
+            DType::Q4K => rows!(q4_k),
+            DType::Q5K => rows!(q5_k),
+            DType::Q6K => rows!(q6_k),
+            DType::IQ4XS => rows!(iq4_xs),
+            DType::TQ1_0 => rows!(tq1_0),
+            DType::TQ2_0 => rows!(tq2_0),
+            _ => unreachable!("checked by the caller"),
         }
     }
 
