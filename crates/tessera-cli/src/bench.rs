@@ -475,7 +475,7 @@ fn section_quant(o: &Opts) {
             for &th in &o.threads {
                 let cpu = CpuBackend::new(th);
                 let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1);
-                let (_, gf512) = bench_quant(&cpu, o.reps.min(2), t, k, m, 512);
+                let (_, gf512) = bench_quant(&cpu, o.reps, t, k, m, 512);
                 println!("| {t} | {k}×{m} | {th} | {gbs:.1} | {gf1:.1} | {gf512:.1} |");
             }
         }
