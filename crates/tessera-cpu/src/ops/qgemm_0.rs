@@ -219,7 +219,6 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
     let mut g0 = 0;
     while g0 < b.groups {
         let gn = GW.min(b.groups - g0);
-        accs[..nr * gn * 72].fill(0.0);
         let mut k0 = 0;
         while k0 < nb {
             let kn = KC.min(nb - k0);
@@ -238,23 +237,31 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
                     // SAFETY: the accumulators of (ri, g) are 72 floats inside `accs`.
                     unsafe {
                         let acc = accs.as_mut_ptr().add((ri * gn + g) * 72);
-                        avx2::kernel(t, &wbs[ri * kn..(ri + 1) * kn], pk, acc);
+                        avx2::kernel(t, &wbs[ri * kn..(ri + 1) * kn], pk, acc, k0 == 0);
                     }
                 }
             }
             k0 += kn;
         }
-        // the lanes of each column summed in ggml's hsum order, then q4_1's Σ m·s
+        // the lanes of each column summed in ggml's hsum order, then q4_1's Σ m·s; written
+        // column by column (a column's rows are contiguous in the result: row by row, each
+        // store went to another column's line, and the stores stalled)
         let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
-        for (ri, r) in rows.clone().enumerate() {
-            for g in 0..gn {
+        let mut fin = [[0f32; GROUP]; RCH];
+        for g in 0..gn {
+            for (ri, f) in fin[..nr].iter_mut().enumerate() {
                 // SAFETY: the 72 floats of (ri, g) lie inside `accs`.
-                let v = unsafe { avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), with_min(t)) };
-                for (c, &v) in v.iter().enumerate().take(valid.saturating_sub(g * GROUP)) {
-                    // SAFETY: column g0·8 + g·8 + c < cols, row r in `rows` (caller).
-                    unsafe {
-                        *(b.dst.add((g0 * GROUP + g * GROUP + c) * b.d_nb1 + 4 * r) as *mut f32) =
-                            v;
+                *f = unsafe { avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), with_min(t)) };
+            }
+            for c in 0..valid.saturating_sub(g * GROUP).min(GROUP) {
+                // SAFETY: column g0·8 + g·8 + c < cols; rows `rows` of it are this caller's.
+                unsafe {
+                    let col = b
+                        .dst
+                        .add((g0 * GROUP + g * GROUP + c) * b.d_nb1 + 4 * rows.start)
+                        as *mut f32;
+                    for (ri, f) in fin[..nr].iter().enumerate() {
+                        *col.add(ri) = f[c];
                     }
                 }
             }
@@ -437,28 +444,36 @@ mod avx2 {
     }
 
     /// The blocks `wbs` of one row against one packed group's matching blocks, accumulated
-    /// into the nine vectors at `acc` (eight lanes of ggml's accumulator, then q4_1's Σ m·s).
+    /// into the nine vectors at `acc` (eight lanes of ggml's accumulator, then q4_1's Σ m·s);
+    /// `fresh`: the accumulators start from zero (the first K chunk) instead of from `acc`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32) {
+    pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
         // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
         unsafe {
             match t {
-                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, p, acc),
-                DType::Q4_1 => body::<1>(wbs, p, acc),
-                DType::Q8_0 => body::<2>(wbs, p, acc),
-                DType::Q5_1 => body::<3>(wbs, p, acc),
+                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, p, acc, fresh),
+                DType::Q4_1 => body::<1>(wbs, p, acc, fresh),
+                DType::Q8_0 => body::<2>(wbs, p, acc, fresh),
+                DType::Q5_1 => body::<3>(wbs, p, acc, fresh),
                 _ => unreachable!("checked by supported"),
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn body<const T: u8>(wbs: &[WBlock], p: *const u8, acc: *mut f32) {
+    unsafe fn body<const T: u8>(wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
         // SAFETY: as `kernel`.
         unsafe {
             let ones = _mm256_set1_epi16(1);
-            let mut a: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(acc.add(8 * i)));
-            let mut summs = _mm256_loadu_ps(acc.add(64));
+            let load = |i: usize| {
+                if fresh {
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_loadu_ps(acc.add(8 * i))
+                }
+            };
+            let mut a: [__m256; 8] = std::array::from_fn(load);
+            let mut summs = load(8);
             for (j, wb) in wbs.iter().enumerate() {
                 let pb = p.add(j * PACKED);
                 let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
