@@ -12,6 +12,8 @@
 //! - a type without one (none at present) would dequantize its weight row into the thread's
 //!   scratch and take an f32 dot product with the *dequantized* activations.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tessera::{DType, Result, Tensor};
 
 use super::{qgemm_0, qgemm_k};
@@ -37,6 +39,9 @@ fn has_int_kernel(t: DType) -> bool {
 /// Up to this many columns per batch, the four-row types walk their rows as four far-apart
 /// streams (`compute`); more columns take the cache-blocked loop (or `qgemm_0` from eight on).
 const FAR_ROWS_MAX_COLS: usize = 7;
+
+/// Rows per chunk handed out to the threads of the packed mat-mat paths.
+const ROWS_PER_TAKE: usize = 32;
 
 /// Types whose kernels live in this file (with the four-row variant).
 fn local_kernel(t: DType) -> bool {
@@ -64,8 +69,10 @@ struct Layout {
     packed_off: usize,
     /// Columns of b over all batches.
     cols: usize,
-    /// Offset of the dequantized activations (generic path only), and of per-thread scratch.
+    /// Offset of the dequantized activations (generic path only), of the packed paths' shared
+    /// row-chunk counter (64 bytes) and of per-thread scratch.
     deq_off: usize,
+    counter_off: usize,
     scratch_off: usize,
     /// Per-thread scratch: one f32 row of K (the column being quantized, or a weight row).
     per_thread: usize,
@@ -106,7 +113,8 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         packed_off: qbytes,
         cols,
         deq_off: qbytes + packed,
-        scratch_off: qbytes + packed + deq,
+        counter_off: qbytes + packed + deq,
+        scratch_off: qbytes + packed + deq + 64,
         per_thread: per_thread.next_multiple_of(64),
     }
 }
@@ -213,32 +221,47 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 }
             }
         }
+        // SAFETY: the counter's 8 bytes lie inside the work buffer (64-byte aligned offset of
+        // a 64-byte aligned buffer) and are only ever accessed atomically.
+        let taken = unsafe { &*(ctx.wdata.add(l.counter_off) as *const AtomicUsize) };
+        if ctx.ith == 0 {
+            taken.store(0, Ordering::Relaxed);
+        }
         ctx.barrier();
-        let rows = ctx.share(m);
+        // Rows go out in chunks of ROWS_PER_TAKE from the shared counter, not as fixed halves:
+        // a thread the host slows (this VM's vCPUs share their cores with other tenants) then
+        // does fewer chunks instead of holding up the node. Which thread computes a row does
+        // not change it.
+        let per_batch = m.div_ceil(ROWS_PER_TAKE);
         let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-        for i3 in 0..b.ne[3] {
-            for i2 in 0..b.ne[2] {
-                let g0 = (i3 * b.ne[2] + i2) * gpb;
-                // SAFETY: the batch's weight rows, packed groups and result cells lie inside
-                // the validated tensors and the work buffer; this thread writes rows `rows`
-                // only; its scratch is its own; qgemm_0 runs only where `runs_on` said so.
-                unsafe {
-                    let batch = qgemm_k::Batch {
-                        a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
-                        a_nb1: a.nb[1],
-                        packed: ctx.wdata.add(l.packed_off + g0 * nb * pb),
-                        groups: gpb,
-                        cols: b.ne[1],
-                        dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
-                        d_nb1: d.nb[1],
-                    };
-                    let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
-                    if tiled {
-                        qgemm_k::run(ctx.isa, a.dtype, k, rows.clone(), &batch, scratch);
-                    } else {
-                        #[cfg(target_arch = "x86_64")]
-                        qgemm_0::run(a.dtype, k, rows.clone(), &batch, scratch);
-                    }
+        loop {
+            let c = taken.fetch_add(1, Ordering::Relaxed);
+            if c >= per_batch * b.ne[2] * b.ne[3] {
+                break;
+            }
+            let (bi, ci) = (c / per_batch, c % per_batch);
+            let (i3, i2) = (bi / b.ne[2], bi % b.ne[2]);
+            let rows = ci * ROWS_PER_TAKE..((ci + 1) * ROWS_PER_TAKE).min(m);
+            let g0 = bi * gpb;
+            // SAFETY: the batch's weight rows, packed groups and result cells lie inside the
+            // validated tensors and the work buffer; chunk c's rows are written by the thread
+            // that took c only; its scratch is its own; qgemm_0 runs only where `runs_on` said so.
+            unsafe {
+                let batch = qgemm_k::Batch {
+                    a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
+                    a_nb1: a.nb[1],
+                    packed: ctx.wdata.add(l.packed_off + g0 * nb * pb),
+                    groups: gpb,
+                    cols: b.ne[1],
+                    dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
+                    d_nb1: d.nb[1],
+                };
+                let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
+                if tiled {
+                    qgemm_k::run(ctx.isa, a.dtype, k, rows, &batch, scratch);
+                } else {
+                    #[cfg(target_arch = "x86_64")]
+                    qgemm_0::run(a.dtype, k, rows, &batch, scratch);
                 }
             }
         }
