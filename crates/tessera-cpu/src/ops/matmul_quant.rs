@@ -316,38 +316,16 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 let out = |j: usize, r: usize| ctx.dst.add(d_off + j * d.nb[1] + r * 4) as *mut f32;
                 for q in 0..quarter {
                     let im: [usize; 4] = std::array::from_fn(|j| rows.start + q + j * quarter);
-                    let ws = im.map(row);
-                    let mut j = 0;
-                    while j + 3 <= n {
-                        let v = vec_dot_4x3(
-                            ctx.isa,
-                            a.dtype,
-                            ws,
-                            [qcol(j), qcol(j + 1), qcol(j + 2)],
-                            k,
-                        );
-                        for (c, col) in v.iter().enumerate() {
-                            for (&r, &y) in im.iter().zip(col) {
-                                *out(j + c, r) = y;
-                            }
-                        }
-                        j += 3;
-                    }
-                    while j + 2 <= n {
-                        let v = vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
-                        for (c, col) in v.iter().enumerate() {
-                            for (&r, &y) in im.iter().zip(col) {
-                                *out(j + c, r) = y;
-                            }
-                        }
-                        j += 2;
-                    }
-                    if j < n {
-                        let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf_near);
-                        for (&r, &y) in im.iter().zip(&v) {
-                            *out(j, r) = y;
-                        }
-                    }
+                    four_row_tiles(
+                        ctx.isa,
+                        a.dtype,
+                        im.map(row),
+                        0..n,
+                        qcol,
+                        k,
+                        pf_near,
+                        |j, i, y| *out(j, im[i]) = y,
+                    );
                 }
                 for r in rows.start + 4 * quarter..rows.end {
                     for j in 0..n {
@@ -426,46 +404,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                                     l.qrow,
                                 )
                             };
-                            let mut j = c0;
                             // three (then two) columns at a time share each unpacked weight block (each
                             // result computed exactly as the one-row, one-column kernel does)
-                            while j + 3 <= c1 {
-                                let v = vec_dot_4x3(
-                                    ctx.isa,
-                                    a.dtype,
-                                    ws,
-                                    [qcol(j), qcol(j + 1), qcol(j + 2)],
-                                    k,
-                                );
-                                for (c, col) in v.iter().enumerate() {
-                                    let out =
-                                        ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
-                                    for (r, &x) in col.iter().enumerate() {
-                                        *out.add(r) = x;
-                                    }
-                                }
-                                j += 3;
-                            }
-                            while j + 2 <= c1 {
-                                let v =
-                                    vec_dot_4x2(ctx.isa, a.dtype, ws, [qcol(j), qcol(j + 1)], k);
-                                for (c, col) in v.iter().enumerate() {
-                                    let out =
-                                        ctx.dst.add(d_off + (j + c) * d.nb[1] + im * 4) as *mut f32;
-                                    for (r, &x) in col.iter().enumerate() {
-                                        *out.add(r) = x;
-                                    }
-                                }
-                                j += 2;
-                            }
-                            while j < c1 {
-                                let v = vec_dot4(ctx.isa, a.dtype, ws, qcol(j), k, pf);
-                                let out = ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32;
-                                for (r, &x) in v.iter().enumerate() {
-                                    *out.add(r) = x;
-                                }
-                                j += 1;
-                            }
+                            four_row_tiles(ctx.isa, a.dtype, ws, c0..c1, qcol, k, pf, |j, i, y| {
+                                *(ctx.dst.add(d_off + j * d.nb[1] + (im + i) * 4) as *mut f32) = y
+                            });
                         } else {
                             let arow = row(im);
                             // the row `ahead` rows on, a few KiB away, into the cache while this one
@@ -535,6 +478,46 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Columns `cols` of four weight rows `ws` in tiles of three, two and one columns (each
+/// element computed as `vec_dot` computes it); `put(j, i, y)` stores column j's result for row
+/// `i` of the four.
+#[allow(clippy::too_many_arguments)]
+fn four_row_tiles<'a>(
+    isa: Isa,
+    t: DType,
+    ws: [&[u8]; 4],
+    cols: std::ops::Range<usize>,
+    qcol: impl Fn(usize) -> &'a [u8],
+    k: usize,
+    pf: usize,
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    let mut j = cols.start;
+    while j + 3 <= cols.end {
+        let v = vec_dot_4x3(isa, t, ws, [qcol(j), qcol(j + 1), qcol(j + 2)], k);
+        for (c, col) in v.iter().enumerate() {
+            for (i, &y) in col.iter().enumerate() {
+                put(j + c, i, y);
+            }
+        }
+        j += 3;
+    }
+    while j + 2 <= cols.end {
+        let v = vec_dot_4x2(isa, t, ws, [qcol(j), qcol(j + 1)], k);
+        for (c, col) in v.iter().enumerate() {
+            for (i, &y) in col.iter().enumerate() {
+                put(j + c, i, y);
+            }
+        }
+        j += 2;
+    }
+    if j < cols.end {
+        for (i, &y) in vec_dot4(isa, t, ws, qcol(j), k, pf).iter().enumerate() {
+            put(j, i, y);
+        }
+    }
 }
 
 /// Asks the cache for the `bytes` at `p`, one prefetch per cache line (never faults).

@@ -357,21 +357,27 @@ mod avx2 {
         }
     }
 
+    /// Calls `f::<V>(args)` with the kernel variant V of type `t`: 0 for the types whose codes
+    /// carry a bias (q4_0, q5_0), 1 for q4_1, 2 for q8_0, 3 for q5_1.
+    macro_rules! by_variant {
+        ($t:expr, $f:ident($($arg:expr),*)) => {
+            match $t {
+                DType::Q4_0 | DType::Q5_0 => $f::<0>($($arg),*),
+                DType::Q4_1 => $f::<1>($($arg),*),
+                DType::Q8_0 => $f::<2>($($arg),*),
+                DType::Q5_1 => $f::<3>($($arg),*),
+                _ => unreachable!("checked by supported"),
+            }
+        };
+    }
+
     /// One row (`nb` blocks of `t` at `w`) against one packed group of `nb` blocks at `p`,
     /// start to end: `kernel`'s arithmetic with the accumulators kept in registers, then
     /// `finish`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_group(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
         // SAFETY: forwarded (nb blocks at w and p).
-        unsafe {
-            match t {
-                DType::Q4_0 | DType::Q5_0 => row_body::<0>(t, w, nb, p),
-                DType::Q4_1 => row_body::<1>(t, w, nb, p),
-                DType::Q8_0 => row_body::<2>(t, w, nb, p),
-                DType::Q5_1 => row_body::<3>(t, w, nb, p),
-                _ => unreachable!("checked by supported"),
-            }
-        }
+        unsafe { by_variant!(t, row_body(t, w, nb, p)) }
     }
 
     #[inline(always)]
@@ -449,15 +455,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
         // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
-        unsafe {
-            match t {
-                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, p, acc, fresh),
-                DType::Q4_1 => body::<1>(wbs, p, acc, fresh),
-                DType::Q8_0 => body::<2>(wbs, p, acc, fresh),
-                DType::Q5_1 => body::<3>(wbs, p, acc, fresh),
-                _ => unreachable!("checked by supported"),
-            }
-        }
+        unsafe { by_variant!(t, body(wbs, p, acc, fresh)) }
     }
 
     #[inline(always)]
