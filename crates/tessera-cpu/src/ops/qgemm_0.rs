@@ -104,8 +104,9 @@ pub(crate) struct WBlock {
     _pad: [u32; 6],
 }
 
-/// Bytes of per-thread scratch: KC unpacked blocks and the accumulators of a chunk of rows
-/// against a window of groups (nine vectors of eight f32 per (row, group)).
+/// Bytes of per-thread scratch: the unpacked K chunk of a chunk of rows (RCH × KC blocks) and
+/// the accumulators of those rows against a window of groups (nine vectors of eight f32 per
+/// (row, group)): 240 KiB.
 pub fn scratch_size() -> usize {
     RCH * KC * std::mem::size_of::<WBlock>() + RCH * GW * 9 * 32 + 64
 }
