@@ -399,22 +399,38 @@ mod avx2 {
             let mut summs = _mm256_setzero_ps();
             for j in 0..nb {
                 unpack(t, w.add(j * bsz), &mut wb);
-                let pb = p.add(j * PACKED);
-                let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
-                let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
-                if T == 1 || T == 3 {
-                    let xs = _mm256_loadu_ps(pb.add(OFF_S) as *const f32);
-                    summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, summs);
-                }
-                for (i, ai) in a.iter_mut().enumerate() {
-                    *ai = lane_step::<T>(&wb, pb, i, dd, ones, *ai);
-                }
+                block_step::<T>(&wb, p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(acc.as_mut_ptr().add(8 * i), *ai);
             }
             _mm256_storeu_ps(acc.as_mut_ptr().add(64), summs);
             finish(acc.as_ptr(), T == 1 || T == 3)
+        }
+    }
+
+    /// One weight block against one packed block (at `pb`): the block's scale products, q4_1's
+    /// and q5_1's Σ m·s, then the eight lanes — the per-block step of both `kernel` and
+    /// `row_group`.
+    #[inline(always)]
+    unsafe fn block_step<const T: u8>(
+        wb: &WBlock,
+        pb: *const u8,
+        ones: __m256i,
+        a: &mut [__m256; 8],
+        summs: &mut __m256,
+    ) {
+        // SAFETY: one packed block at pb (caller).
+        unsafe {
+            let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
+            let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
+            if T == 1 || T == 3 {
+                let xs = _mm256_loadu_ps(pb.add(OFF_S) as *const f32);
+                *summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, *summs);
+            }
+            for (i, ai) in a.iter_mut().enumerate() {
+                *ai = lane_step::<T>(wb, pb, i, dd, ones, *ai);
+            }
         }
     }
 
@@ -474,16 +490,7 @@ mod avx2 {
             let mut a: [__m256; 8] = std::array::from_fn(load);
             let mut summs = load(8);
             for (j, wb) in wbs.iter().enumerate() {
-                let pb = p.add(j * PACKED);
-                let xd = _mm256_loadu_ps(pb.add(OFF_D) as *const f32);
-                let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
-                if T == 1 || T == 3 {
-                    let xs = _mm256_loadu_ps(pb.add(OFF_S) as *const f32);
-                    summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, summs);
-                }
-                for (i, ai) in a.iter_mut().enumerate() {
-                    *ai = lane_step::<T>(wb, pb, i, dd, ones, *ai);
-                }
+                block_step::<T>(wb, p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(acc.add(8 * i), *ai);
