@@ -100,8 +100,20 @@ pub fn check(g: Graph, inputs: &[TensorId], out: TensorId, rng: &mut Rng, tol: f
 /// every element, bit for bit, against `want(isa, weight row, quantized column)`.
 pub fn check_quantized_product(
     t: DType,
+    dims: (usize, usize, usize, usize),
+    rng: &mut Rng,
+    want: impl Fn(Isa, &[u8], &[u8]) -> f32,
+) {
+    check_quantized_product_edited(t, dims, rng, |_| {}, want)
+}
+
+/// [`check_quantized_product`] with the quantized weight bytes changed by `edit` first (codes
+/// no quantizer writes: q8_0's −128, runs of zeros).
+pub fn check_quantized_product_edited(
+    t: DType,
     (k, m, n, nb2): (usize, usize, usize, usize),
     rng: &mut Rng,
+    edit: impl Fn(&mut [u8]),
     want: impl Fn(Isa, &[u8], &[u8]) -> f32,
 ) {
     use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_type};
@@ -127,6 +139,7 @@ pub fn check_quantized_product(
     for (row, o) in av.chunks_exact(k).zip(wq.chunks_exact_mut(wr)) {
         tessera_quants::quantize_row(t.id(), row, o, Some(&imatrix)).unwrap();
     }
+    edit(&mut wq);
     let vdt = vec_dot_type(t);
     let xr = vdt.row_size(k).unwrap();
     let mut xq = vec![0u8; xr * n * nb2];

@@ -50,6 +50,32 @@ fn chunks_windows_and_ragged_edges() {
     check(DType::Q5_1, 64, 9, 24, 1, &mut rng);
 }
 
+/// q8_0 codes no quantizer writes but a file may hold: −128 (its magnitude 128 does not fit
+/// i8) and zeros, alone and in whole blocks, against activations with outliers; on every path
+/// (few groups, chunks) the same bits as ggml's one-column kernel.
+#[test]
+fn q8_0_extreme_codes_equal_the_one_column_kernel() {
+    let mut rng = Rng::new(54);
+    let edit = |w: &mut [u8]| {
+        for (b, blk) in w.chunks_exact_mut(34).enumerate() {
+            match b % 5 {
+                0 => blk[2..].fill(0x80),
+                1 => blk[2..].fill(0),
+                _ => {
+                    blk[2 + (7 * b) % 32] = 0x80;
+                    blk[2 + (11 * b + 3) % 32] = 0;
+                    blk[2 + (13 * b + 5) % 32] = 0x7f;
+                }
+            }
+        }
+    };
+    for &(k, m, n) in &[(96usize, 9usize, 8usize), (1088, 35, 135)] {
+        check_quantized_product_edited(DType::Q8_0, (k, m, n, 1), &mut rng, edit, |isa, w, x| {
+            matmul_quant::vec_dot(isa, DType::Q8_0, w, x, k)
+        });
+    }
+}
+
 /// A strided `b` (a transposed view, columns 4·n bytes apart element to element) gives the
 /// same bits as its contiguous copy, for both packed paths.
 #[test]
