@@ -305,6 +305,27 @@ mod ggml_compat {
         }
     }
 
+    /// How many K/V rows ahead of the one computed the rows kernel asks for.
+    const ROWS_AHEAD: usize = 8;
+
+    /// Asks for the `bytes` at `p` (one K or V row) ahead of use: a hint that never faults, so
+    /// `p` may lie past the tensor's end.
+    #[inline(always)]
+    fn prefetch_row(p: *const u8, bytes: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let mut off = 0;
+            while off < bytes {
+                // SAFETY: prefetches do not fault and read nothing architecturally.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (p, bytes);
+    }
+
     /// The state the kernels share: q (rounded) and the accumulator in the row's scratch.
     /// Generic (and always inlined) so that the AVX2 kernel's primitives inline into it.
     #[inline(always)]
@@ -333,7 +354,25 @@ mod ggml_compat {
             if r.softcap != 0.0 {
                 scale /= r.softcap;
             }
+            // K and V rows requested ROWS_AHEAD rows before they are read: in generation the
+            // cache comes from memory (the weights streamed since the last token evicted it),
+            // and each row's dependent softmax step keeps the core from running ahead on its own
+            // (rows a -inf mask excludes are skipped: in a batch of interleaved sequences most
+            // rows belong to other sequences)
+            let (kb, vb) = (dk * kt.type_size(), dv * vt.type_size());
+            let ask = |ic: usize| {
+                if !r.mask.is_some_and(|m| m.neg_inf_bits(ic)) {
+                    prefetch_row(r.k.wrapping_add(ic * r.k_nb1), kb);
+                    prefetch_row(r.v.wrapping_add(ic * r.v_nb1), vb);
+                }
+            };
+            for ic in 0..ROWS_AHEAD.min(r.n_kv) {
+                ask(ic);
+            }
             for ic in 0..r.n_kv {
+                if ic + ROWS_AHEAD < r.n_kv {
+                    ask(ic + ROWS_AHEAD);
+                }
                 // a -inf entry by its bits first: batches of interleaved sequences mask most rows
                 if r.mask.is_some_and(|m| m.neg_inf_bits(ic)) {
                     continue;

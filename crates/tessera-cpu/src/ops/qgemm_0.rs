@@ -220,6 +220,20 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
     let mut g0 = 0;
     while g0 < b.groups {
         let gn = GW.min(b.groups - g0);
+        // the window's result lines requested for writing now, so that the stores at its end
+        // do not each wait for a line from memory
+        let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
+        for c in 0..valid {
+            // SAFETY: column g0·8 + c < cols; its rows `rows` are inside the result (caller).
+            unsafe {
+                let col = b.dst.add((g0 * GROUP + c) * b.d_nb1 + 4 * rows.start);
+                let mut off = 0;
+                while off < 4 * nr {
+                    avx2::prefetch_write(col.add(off));
+                    off += 64;
+                }
+            }
+        }
         let mut k0 = 0;
         while k0 < nb {
             let kn = KC.min(nb - k0);
@@ -244,27 +258,25 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
             }
             k0 += kn;
         }
-        // the lanes of each column summed in ggml's hsum order, then q4_1's Σ m·s; written
-        // column by column (a column's rows are contiguous in the result: row by row, each
-        // store went to another column's line, and the stores stalled)
-        let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
-        let mut fin = [[0f32; GROUP]; RCH];
+        // the lanes of each column summed in ggml's hsum order, then q4_1's Σ m·s; eight rows
+        // at a time transposed in registers and written column by column (a column's rows are
+        // contiguous in the result)
         for g in 0..gn {
-            for (ri, f) in fin[..nr].iter_mut().enumerate() {
-                // SAFETY: the 72 floats of (ri, g) lie inside `accs`.
-                *f = unsafe { avx2::finish(accs.as_ptr().add((ri * gn + g) * 72), with_min(t)) };
-            }
-            for c in 0..valid.saturating_sub(g * GROUP).min(GROUP) {
-                // SAFETY: column g0·8 + g·8 + c < cols; rows `rows` of it are this caller's.
-                unsafe {
-                    let col = b
-                        .dst
-                        .add((g0 * GROUP + g * GROUP + c) * b.d_nb1 + 4 * rows.start)
-                        as *mut f32;
-                    for (ri, f) in fin[..nr].iter().enumerate() {
-                        *col.add(ri) = f[c];
-                    }
-                }
+            let vc = valid.saturating_sub(g * GROUP).min(GROUP);
+            // SAFETY: the accumulators of (ri, g) for ri < nr lie inside `accs`, gn·72 floats
+            // apart; columns g0·8 + g·8 + c < cols for c < vc, and rows `rows` of them are this
+            // caller's.
+            unsafe {
+                avx2::finish_store(
+                    accs.as_ptr().add(g * 72),
+                    gn * 72,
+                    nr,
+                    with_min(t),
+                    b.dst
+                        .add((g0 * GROUP + g * GROUP) * b.d_nb1 + 4 * rows.start),
+                    b.d_nb1,
+                    vc,
+                );
             }
         }
         g0 += gn;
@@ -288,6 +300,100 @@ mod avx2 {
     /// `hsum_float_8` order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then q4_1's Σ m·s.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn finish(acc: *const f32, q41: bool) -> [f32; 8] {
+        // SAFETY: forwarded.
+        unsafe {
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), finish_v(acc, q41));
+            out
+        }
+    }
+
+    /// `finish` for the accumulators of `nr` rows (`stride` floats apart from row to row),
+    /// stored to the first `vc` of the eight result columns at `dst` (`d_nb1` bytes apart, the
+    /// rows contiguous f32): eight rows at a time transposed in registers, one store per
+    /// column.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn finish_store(
+        acc: *const f32,
+        stride: usize,
+        nr: usize,
+        q41: bool,
+        dst: *mut u8,
+        d_nb1: usize,
+        vc: usize,
+    ) {
+        // SAFETY: 72 readable floats at acc + ri·stride for ri < nr; nr writable f32 at
+        // dst + c·d_nb1 for c < vc (caller).
+        unsafe {
+            let mut r0 = 0;
+            while r0 < nr {
+                let n8 = (nr - r0).min(8);
+                let v: [__m256; 8] = std::array::from_fn(|j| {
+                    if j < n8 {
+                        finish_v(acc.add((r0 + j) * stride), q41)
+                    } else {
+                        _mm256_setzero_ps()
+                    }
+                });
+                let cols = transpose8(v);
+                for (c, col) in cols.iter().enumerate().take(vc) {
+                    let o = (dst.add(c * d_nb1) as *mut f32).add(r0);
+                    if n8 == 8 {
+                        _mm256_storeu_ps(o, *col);
+                    } else {
+                        let mut t = [0f32; 8];
+                        _mm256_storeu_ps(t.as_mut_ptr(), *col);
+                        std::ptr::copy_nonoverlapping(t.as_ptr(), o, n8);
+                    }
+                }
+                r0 += n8;
+            }
+        }
+    }
+
+    /// Asks for the line at `p` ahead of writing it (a hint: never faults).
+    #[inline(always)]
+    pub unsafe fn prefetch_write(p: *const u8) {
+        // SAFETY: prefetches do not fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+    }
+
+    /// Rows of an 8×8 f32 matrix to its columns.
+    #[inline(always)]
+    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        // register arithmetic only
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish_v(acc: *const f32, q41: bool) -> __m256 {
         // SAFETY: 72 readable floats at acc (caller).
         unsafe {
             let a: [__m256; 9] = std::array::from_fn(|i| _mm256_loadu_ps(acc.add(8 * i)));
@@ -299,9 +405,7 @@ mod avx2 {
             if q41 {
                 v = _mm256_add_ps(v, a[8]);
             }
-            let mut out = [0f32; 8];
-            _mm256_storeu_ps(out.as_mut_ptr(), v);
-            out
+            v
         }
     }
 
