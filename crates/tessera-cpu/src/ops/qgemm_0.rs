@@ -294,7 +294,7 @@ mod avx2 {
     use super::{WBlock, OFF_AUX, OFF_D, OFF_S, PACKED};
 
     pub use crate::ops::qdot::avx2::available;
-    use crate::ops::qdot::avx2::f16;
+    use crate::ops::qdot::avx2::{f16, transpose8};
 
     /// The eight columns' results from their accumulators: lanes summed in ggml's
     /// `hsum_float_8` order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then q4_1's Σ m·s.
@@ -356,40 +356,6 @@ mod avx2 {
     pub unsafe fn prefetch_write(p: *const u8) {
         // SAFETY: prefetches do not fault.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-    }
-
-    /// Rows of an 8×8 f32 matrix to its columns.
-    #[inline(always)]
-    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-        // register arithmetic only
-        unsafe {
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
-            [
-                _mm256_permute2f128_ps::<0x20>(u0, u4),
-                _mm256_permute2f128_ps::<0x20>(u1, u5),
-                _mm256_permute2f128_ps::<0x20>(u2, u6),
-                _mm256_permute2f128_ps::<0x20>(u3, u7),
-                _mm256_permute2f128_ps::<0x31>(u0, u4),
-                _mm256_permute2f128_ps::<0x31>(u1, u5),
-                _mm256_permute2f128_ps::<0x31>(u2, u6),
-                _mm256_permute2f128_ps::<0x31>(u3, u7),
-            ]
-        }
     }
 
     #[inline(always)]
