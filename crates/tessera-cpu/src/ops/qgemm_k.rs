@@ -830,33 +830,9 @@ mod avx2 {
                     Some(p) => _mm256_loadu_si256(p.add(32 * t) as *const __m256i),
                     None => _mm256_setzero_si256(),
                 });
-                let a0 = _mm256_unpacklo_epi32(r[0], r[1]);
-                let a1 = _mm256_unpackhi_epi32(r[0], r[1]);
-                let a2 = _mm256_unpacklo_epi32(r[2], r[3]);
-                let a3 = _mm256_unpackhi_epi32(r[2], r[3]);
-                let a4 = _mm256_unpacklo_epi32(r[4], r[5]);
-                let a5 = _mm256_unpackhi_epi32(r[4], r[5]);
-                let a6 = _mm256_unpacklo_epi32(r[6], r[7]);
-                let a7 = _mm256_unpackhi_epi32(r[6], r[7]);
-                let b0 = _mm256_unpacklo_epi64(a0, a2);
-                let b1 = _mm256_unpackhi_epi64(a0, a2);
-                let b2 = _mm256_unpacklo_epi64(a1, a3);
-                let b3 = _mm256_unpackhi_epi64(a1, a3);
-                let b4 = _mm256_unpacklo_epi64(a4, a6);
-                let b5 = _mm256_unpackhi_epi64(a4, a6);
-                let b6 = _mm256_unpacklo_epi64(a5, a7);
-                let b7 = _mm256_unpackhi_epi64(a5, a7);
-                // word j of every column: j = 0..3 in the low lanes, 4..7 in the high ones
-                let w = [
-                    _mm256_permute2x128_si256::<0x20>(b0, b4),
-                    _mm256_permute2x128_si256::<0x20>(b1, b5),
-                    _mm256_permute2x128_si256::<0x20>(b2, b6),
-                    _mm256_permute2x128_si256::<0x20>(b3, b7),
-                    _mm256_permute2x128_si256::<0x31>(b0, b4),
-                    _mm256_permute2x128_si256::<0x31>(b1, b5),
-                    _mm256_permute2x128_si256::<0x31>(b2, b6),
-                    _mm256_permute2x128_si256::<0x31>(b3, b7),
-                ];
+                // word j of every column
+                let w = crate::ops::qdot::avx2::transpose8(r.map(|v| _mm256_castsi256_ps(v)))
+                    .map(|v| _mm256_castps_si256(v));
                 for (j, v) in w.iter().enumerate() {
                     let at = 32 * (8 * t + j);
                     if nibbles {
