@@ -17,6 +17,10 @@ pub struct Opts {
     pub numpy: bool,
     /// Sections to run (all when empty); names from [`SECTIONS`].
     pub only: Vec<String>,
+    /// The quant section's types and (K, M) shapes (all of [`QUANT_TYPES`] / [`QUANT_SHAPES`]
+    /// when empty), so that one cell can be timed alternately with another program.
+    pub types: Vec<DType>,
+    pub shapes: Vec<(usize, usize)>,
 }
 
 /// The sections of `bench-ops`, in the order they run.
@@ -463,8 +467,18 @@ fn section_quant(o: &Opts) {
     println!("quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens)");
     println!("| type | shape K×M | threads | mat-vec GB/s | mat-vec GFLOP/s | mat-mat GFLOP/s |");
     println!("|---|---|---|---|---|---|");
-    for &t in &QUANT_TYPES {
-        for &(k, m) in &QUANT_SHAPES {
+    let types = if o.types.is_empty() {
+        &QUANT_TYPES[..]
+    } else {
+        &o.types[..]
+    };
+    let shapes = if o.shapes.is_empty() {
+        &QUANT_SHAPES[..]
+    } else {
+        &o.shapes[..]
+    };
+    for &t in types {
+        for &(k, m) in shapes {
             if k % t.block_size() != 0 {
                 println!(
                     "| {t} | {k}×{m} | - | n/a: rows of {k} are not whole blocks of {} | | |",

@@ -117,6 +117,14 @@ enum Cmd {
         /// (all when absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// The quant section's weight types, comma separated (q4_0, q8_0, q4_K, ...; its seven
+        /// when absent).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// The quant section's shapes K×M, comma separated (e.g. 576x1536; its three when
+        /// absent).
+        #[arg(long, value_delimiter = ',')]
+        shapes: Vec<String>,
     },
     /// Quantize a GGUF model like llama.cpp's llama-quantize (types, mixes, metadata).
     Quantize(quant_cmd::QuantizeArgs),
@@ -202,6 +210,8 @@ fn main() -> ExitCode {
             reps,
             no_numpy,
             only,
+            types,
+            shapes,
         } => {
             if let Some(bad) = only.iter().find(|s| !bench::SECTIONS.contains(&s.as_str())) {
                 eprintln!(
@@ -210,11 +220,37 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
+            let mut qtypes = Vec::new();
+            for name in &types {
+                match tessera::DType::from_name(name).filter(|t| t.is_quantized()) {
+                    Some(t) => qtypes.push(t),
+                    None => {
+                        eprintln!("error: bench-ops --types: '{name}' is not a quantized type");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            let mut qshapes = Vec::new();
+            for spec in &shapes {
+                let km = spec
+                    .split_once(['x', '×'])
+                    .and_then(|(k, m)| Some((k.parse::<usize>().ok()?, m.parse::<usize>().ok()?)))
+                    .filter(|&(k, m)| k > 0 && m > 0);
+                match km {
+                    Some(km) => qshapes.push(km),
+                    None => {
+                        eprintln!("error: bench-ops --shapes: '{spec}' is not K×M (e.g. 576x1536)");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             bench::run(&bench::Opts {
                 threads,
                 reps: reps.max(1),
                 numpy: !no_numpy,
                 only,
+                types: qtypes,
+                shapes: qshapes,
             });
             ExitCode::SUCCESS
         }

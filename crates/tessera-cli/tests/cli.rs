@@ -132,3 +132,35 @@ fn info_prints_metadata_and_tensors() {
     assert!(out.contains("q.q4_K") && out.contains("q4_K"), "{out}");
     assert!(out.contains("1024") && out.contains("imatrix"), "{out}");
 }
+
+/// `bench-ops` names what it cannot parse, and one quant cell runs alone (the form a script
+/// alternating with another program uses).
+#[test]
+fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
+    let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--types", "q9_9"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("'q9_9' is not a quantized type"), "{err}");
+    let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--types", "f32"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("'f32' is not a quantized type"), "{err}");
+    let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--shapes", "64x"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("'64x' is not K×M"), "{err}");
+    let (code, out, err) = tessera(&[
+        "bench-ops",
+        "--only",
+        "quant",
+        "--types",
+        "q8_0",
+        "--shapes",
+        "64x8",
+        "-t",
+        "1",
+        "-r",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| q")).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert!(rows[0].starts_with("| q8_0 | 64×8 | 1 |"), "{out}");
+}
