@@ -724,6 +724,8 @@ mod avx2 {
     use std::arch::x86_64::*;
     use tessera::DType;
 
+    use crate::ops::qdot::avx2::nibbles;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -739,19 +741,6 @@ mod avx2 {
     unsafe fn f16(p: *const u8) -> f32 {
         // SAFETY: two readable bytes at p; F16C is enabled in every caller.
         unsafe { crate::ops::qdot::avx2::f16(p) }
-    }
-
-    /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        // SAFETY: 16 readable bytes at p.
-        unsafe {
-            let q = _mm_loadu_si128(p as *const __m128i);
-            let lo = _mm_and_si128(q, _mm_set1_epi8(15));
-            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
-            _mm256_set_m128i(hi, lo)
-        }
     }
 
     /// Σ x·y of 32 signed bytes each, as 8 i32 lanes → f32.
@@ -808,19 +797,6 @@ mod avx2 {
                 }
                 _ => unreachable!("no integer kernel for {t}"),
             }
-        }
-    }
-
-    /// 32 nibbles of 16 bytes as bytes 0..15: low nibbles first, then high nibbles — one
-    /// broadcast load, one variable shift, one mask.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles_bcast(p: *const u8) -> __m256i {
-        // SAFETY: 16 readable bytes at p.
-        unsafe {
-            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-            let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
-            _mm256_and_si256(q, _mm256_set1_epi8(15))
         }
     }
 
@@ -888,7 +864,7 @@ mod avx2 {
                         for r in 0..4 {
                             _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
                             let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(nibbles_bcast(wb[r].add(2)), y),
+                                _mm256_maddubs_epi16(nibbles(wb[r].add(2)), y),
                                 ones,
                             );
                             let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
@@ -915,7 +891,7 @@ mod avx2 {
                         for r in 0..4 {
                             _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
                             let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(nibbles_bcast(wb[r].add(4)), y),
+                                _mm256_maddubs_epi16(nibbles(wb[r].add(4)), y),
                                 ones,
                             );
                             acc[r] = _mm256_fmadd_ps(
@@ -989,7 +965,7 @@ mod avx2 {
                     for i in 0..nb {
                         let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 20));
                         let dm = _mm256_cvtph_ps(gather4_i32(wb));
-                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles_bcast(wb[r].add(4)));
+                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles(wb[r].add(4)));
                         for c in 0..C {
                             let xb = xp[c].add(i * 36);
                             let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
@@ -1019,7 +995,7 @@ mod avx2 {
                     for i in 0..nb {
                         let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 18));
                         let dw = _mm_cvtph_ps(gather4_u16(wb));
-                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles_bcast(wb[r].add(2)));
+                        let q: [__m256i; 4] = std::array::from_fn(|r| nibbles(wb[r].add(2)));
                         for c in 0..C {
                             let xb = xp[c].add(i * 34);
                             let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);

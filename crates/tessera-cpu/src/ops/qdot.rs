@@ -795,15 +795,16 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// 32 nibbles of 16 bytes: the low nibbles in bytes 0..16, the high ones in 16..32.
+    /// 32 nibbles of 16 bytes: the low nibbles in bytes 0..16, the high ones in 16..32 — one
+    /// broadcast load, one variable shift, one mask.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
         // SAFETY: 16 readable bytes at p (caller).
         unsafe {
-            let q = load128(p);
-            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-            _mm256_and_si256(both, _mm256_set1_epi8(15))
+            let q = _mm256_broadcastsi128_si256(load128(p));
+            let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+            _mm256_and_si256(q, _mm256_set1_epi8(15))
         }
     }
 
@@ -864,13 +865,9 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn iq4_values(p: *const u8) -> __m256i {
         // SAFETY: 16 readable bytes at p (caller); the codebook is 16 bytes.
         unsafe {
-            let values = load128(KVALUES_IQ4NL.as_ptr() as *const u8);
-            let q = load128(p);
-            let m4 = _mm_set1_epi8(15);
-            _mm256_set_m128i(
-                _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q), m4)),
-                _mm_shuffle_epi8(values, _mm_and_si128(q, m4)),
-            )
+            // one 256-bit lookup (two 128-bit lookups and an insert before)
+            let values = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
+            _mm256_shuffle_epi8(values, nibbles(p))
         }
     }
 
