@@ -421,3 +421,68 @@ fn ggml_precision_tiled_is_bit_exact() {
         }
     }
 }
+
+/// The ggml-precision rows kernel (a generation step: one query against a cache whose length
+/// grows in steps of 256) with masks that are mostly runs of -inf — skipped 16 at a time —
+/// and single visible rows at the edges of and inside such runs, given scores that dominate:
+/// every CPU configuration gives the same bits, close to the reference's row-by-row form.
+#[test]
+fn ggml_precision_rows_skip_only_masked_runs() {
+    use tessera::op::AttnPrecision;
+    let mut rng = Rng::new(76);
+    let (d, n_kv, h, h_kv) = (64usize, 256usize, 4usize, 2usize);
+    let visible = |ic: usize| ic < 37 || [47, 48, 100, 143, 144, 160, 255].contains(&ic);
+    let qv = rand_vec(&mut rng, d * h, -1.0, 1.0);
+    let mut kv = rand_vec(&mut rng, d * n_kv * h_kv, -1.0, 1.0);
+    // the isolated visible rows point along q, so that their probabilities dominate
+    for hk in 0..h_kv {
+        for ic in [47usize, 100, 143, 160, 255] {
+            for i in 0..d {
+                kv[(hk * n_kv + ic) * d + i] = 3.0 * qv[(2 * hk) * d + i];
+            }
+        }
+    }
+    let vv = rand_vec(&mut rng, d * n_kv * h_kv, -1.0, 1.0);
+    let mv: Vec<f32> = (0..n_kv)
+        .map(|ic| if visible(ic) { 0.0 } else { f32::NEG_INFINITY })
+        .collect();
+    let mut g = Graph::new();
+    let q = g.new_f32(&[d, 1, h]).unwrap();
+    let k = g.new_tensor(DType::F16, &[d, n_kv, h_kv]).unwrap();
+    let v = g.new_tensor(DType::F16, &[d, n_kv, h_kv]).unwrap();
+    let m = g.new_tensor(DType::F16, &[n_kv, 1]).unwrap();
+    let o = g.flash_attn_ext(q, k, v, Some(m), 0.125, 0.0, 0.0).unwrap();
+    g.set_flash_attn_precision(o, AttnPrecision::GgmlCpu)
+        .unwrap();
+    assert_fast(&g, o);
+    let mut s = Session::new(g, &[o]).unwrap();
+    s.set_f32(q, &qv).unwrap();
+    s.set_f32(k, &kv).unwrap();
+    s.set_f32(v, &vv).unwrap();
+    s.set_f32(m, &mv).unwrap();
+    s.compute(&ReferenceBackend).unwrap();
+    let want = s.get_f32(o).unwrap();
+    let top = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let mut first: Option<Vec<f32>> = None;
+    for cpu in cpu_configs() {
+        s.compute(&cpu).unwrap();
+        let got = s.get_f32(o).unwrap();
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-3 * top,
+                "{:?}/{}t: element {i}: {a} vs reference {b}",
+                cpu.isa(),
+                cpu.n_threads()
+            );
+        }
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert!(
+                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{:?}/{}t differs from the first configuration",
+                cpu.isa(),
+                cpu.n_threads()
+            ),
+        }
+    }
+}

@@ -71,9 +71,10 @@ pub fn handles(graph: &Graph, t: &Tensor) -> bool {
         && t.src.len() <= 4
 }
 
-/// Bytes of work buffer per thread: one block accumulator of `Dv` f32.
-fn per_thread(dk: usize, dv: usize) -> usize {
-    ((dk + dv) * 4).next_multiple_of(64)
+/// Bytes of work buffer per thread: `Dk + Dv` f32 (the rounded query and an accumulator, or
+/// a block accumulator) and the ggml-precision rows kernel's `n_kv` scores and row indices.
+fn per_thread(dk: usize, dv: usize, n_kv: usize) -> usize {
+    ((dk + dv + 2 * n_kv) * 4).next_multiple_of(64)
 }
 
 /// Whether node `t` runs ggml's tiled algorithm (ggml precision, a batch of queries).
@@ -97,7 +98,7 @@ pub fn work_size(graph: &Graph, t: &Tensor, nth: usize) -> usize {
     if ggml_tiled(graph, t) {
         return tiled_per_thread(dk, dv) * nth;
     }
-    per_thread(dk, dv) * nth
+    per_thread(dk, dv, graph.tensor(t.src[1]).ne[1]) * nth
 }
 
 /// ggml's tiled algorithm (see `tiled`): each thread takes a contiguous range of (query, head,
@@ -195,7 +196,7 @@ struct Row {
     dk: usize,
     dv: usize,
     n_kv: usize,
-    /// The output row (`dv` f32) and the block accumulator (`dv` f32).
+    /// The output row (`dv` f32) and this thread's scratch (`per_thread` bytes).
     out: *mut f32,
     blk: *mut f32,
 }
@@ -213,7 +214,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let (n_q, n_head, n_b) = (q.ne[1], q.ne[2], q.ne[3]);
     let dv = v.ne[0];
     let (rk, rv) = (n_head / k.ne[2], n_head / v.ne[2]);
-    let per = per_thread(q.ne[0], dv);
+    let per = per_thread(q.ne[0], dv, k.ne[1]);
     if ctx.wsize < per * ctx.nth {
         return Err(ctx.err(format!(
             "work buffer of {} bytes, {} needed",
@@ -329,21 +330,23 @@ mod ggml_compat {
     /// The state the kernels share: q (rounded) and the accumulator in the row's scratch.
     /// Generic (and always inlined) so that the AVX2 kernel's primitives inline into it.
     #[inline(always)]
-    unsafe fn run<D, M, S>(r: &Row, kt: DType, vt: DType, dot: D, mad: M, scale16: S)
+    unsafe fn run<D, M, S, Q>(r: &Row, kt: DType, vt: DType, dot: D, mad: M, scale16: S, q16: Q)
     where
         D: Fn(*const f32, *const u8, usize) -> f32,
         M: Fn(*mut f32, *const u8, f32, usize, bool),
         S: Fn(*mut f32, f32, usize, bool),
+        Q: Fn(*const f32, *mut f32, usize),
     {
-        // SAFETY: `blk` holds dk + dv f32 of this thread's scratch; the other pointers follow
-        // `compute`'s contract.
+        // SAFETY: `blk` holds dk + dv + 2·n_kv f32 of this thread's scratch; the other
+        // pointers follow `compute`'s contract.
         unsafe {
             let (dk, dv) = (r.dk, r.dv);
             let qv = r.blk;
             let acc = r.blk.add(dk);
-            for i in 0..dk {
-                let x = *r.q.add(i);
-                *qv.add(i) = if kt == DType::F16 { f16r(x) } else { x };
+            if kt == DType::F16 {
+                q16(r.q, qv, dk);
+            } else {
+                std::ptr::copy_nonoverlapping(r.q, qv, dk);
             }
             for i in 0..dv {
                 *acc.add(i) = 0.0;
@@ -354,41 +357,63 @@ mod ggml_compat {
             if r.softcap != 0.0 {
                 scale /= r.softcap;
             }
-            // K and V rows requested ROWS_AHEAD rows before they are read: in generation the
-            // cache comes from memory (the weights streamed since the last token evicted it),
-            // and each row's dependent softmax step keeps the core from running ahead on its own
-            // (rows a -inf mask excludes are skipped: in a batch of interleaved sequences most
-            // rows belong to other sequences)
-            let (kb, vb) = (dk * kt.type_size(), dv * vt.type_size());
-            let ask = |ic: usize| {
-                if !r.mask.is_some_and(|m| m.neg_inf_bits(ic)) {
-                    prefetch_row(r.k.wrapping_add(ic * r.k_nb1), kb);
-                    prefetch_row(r.v.wrapping_add(ic * r.v_nb1), vb);
+            // Three passes, with ggml's arithmetic in ggml's order for each row: the rows the
+            // mask does not exclude and their mask terms (runs of -inf skipped 16 at a time),
+            // every score (independent dot products, so the core overlaps them and their K
+            // rows' misses), then the sequential online softmax and V accumulation. In one
+            // pass each row waited for the previous row's exp and accumulator update before its
+            // own K row was even asked for, and the excluded rows (three quarters of a
+            // generation step's, whose cache grows in steps of 256) were tested one by one.
+            let sc = r.blk.add(dk + dv);
+            let rows = sc.add(r.n_kv) as *mut u32;
+            let mut n = 0;
+            let mut ic = 0;
+            while ic < r.n_kv {
+                if let Some(m) = r.mask {
+                    if ic % 16 == 0 && ic + 16 <= r.n_kv && m.neg_inf_run16(ic) {
+                        ic += 16;
+                        continue;
+                    }
                 }
-            };
-            for ic in 0..ROWS_AHEAD.min(r.n_kv) {
-                ask(ic);
-            }
-            for ic in 0..r.n_kv {
-                if ic + ROWS_AHEAD < r.n_kv {
-                    ask(ic + ROWS_AHEAD);
-                }
-                // a -inf entry by its bits first: batches of interleaved sequences mask most rows
-                if r.mask.is_some_and(|m| m.neg_inf_bits(ic)) {
-                    continue;
-                }
+                // a -inf entry by its bits first, then the term itself
                 let mv = match r.mask {
+                    Some(m) if m.neg_inf_bits(ic) => f32::NEG_INFINITY,
                     Some(m) => r.slope * m.at(ic),
                     None => 0.0,
                 };
-                if mv == f32::NEG_INFINITY || is_masked(r.mask, ic) {
-                    continue;
+                if mv != f32::NEG_INFINITY && !is_masked(r.mask, ic) {
+                    *sc.add(n) = mv;
+                    *rows.add(n) = ic as u32;
+                    n += 1;
                 }
-                let mut s = dot(qv, r.k.add(ic * r.k_nb1), dk) * scale;
+                ic += 1;
+            }
+            // rows are asked for ROWS_AHEAD ahead of their use
+            let row = |base: *const u8, nb1: usize, j: usize| {
+                base.wrapping_add(*rows.add(j) as usize * nb1)
+            };
+            let (kb, vb) = (dk * kt.type_size(), dv * vt.type_size());
+            for j in 0..ROWS_AHEAD.min(n) {
+                prefetch_row(row(r.k, r.k_nb1, j), kb);
+            }
+            for j in 0..n {
+                if j + ROWS_AHEAD < n {
+                    prefetch_row(row(r.k, r.k_nb1, j + ROWS_AHEAD), kb);
+                }
+                let mut s = dot(qv, row(r.k, r.k_nb1, j), dk) * scale;
                 if r.softcap != 0.0 {
                     s = r.softcap * s.tanh();
                 }
-                s += mv;
+                *sc.add(j) = s + *sc.add(j);
+            }
+            for j in 0..ROWS_AHEAD.min(n) {
+                prefetch_row(row(r.v, r.v_nb1, j), vb);
+            }
+            for j in 0..n {
+                if j + ROWS_AHEAD < n {
+                    prefetch_row(row(r.v, r.v_nb1, j + ROWS_AHEAD), vb);
+                }
+                let s = *sc.add(j);
                 let m_old = m_max;
                 let (mut ms, mut vs) = (1f32, 1f32);
                 if s > m_max {
@@ -398,7 +423,7 @@ mod ggml_compat {
                 } else {
                     vs = (s - m_max).exp();
                 }
-                mad(acc, r.v.add(ic * r.v_nb1), vs, dv, v16);
+                mad(acc, row(r.v, r.v_nb1, j), vs, dv, v16);
                 s_sum = s_sum.mul_add(ms, vs); // GCC contracts this to an FMA in ggml
             }
             let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
@@ -460,6 +485,11 @@ mod ggml_compat {
                         |q, k, n| dot(q, k, n),
                         |a, v, s, n, b| mad(a, v, s, n, b),
                         |a, m, n, b| scale16(a, m, n, b),
+                        |q, o, n| {
+                            for i in 0..n {
+                                *o.add(i) = f16r(*q.add(i));
+                            }
+                        },
                     )
                 }
             }
@@ -548,6 +578,25 @@ mod ggml_compat {
             }
         }
 
+        /// o = f16(q) as f32, 8 lanes at a time (the same rounding as `f16r`: to nearest even).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round16(q: *const f32, o: *mut f32, n: usize) {
+            // SAFETY: n elements at q and o.
+            unsafe {
+                let mut i = 0;
+                while i + 8 <= n {
+                    let h = _mm256_cvtps_ph(_mm256_loadu_ps(q.add(i)), _MM_FROUND_TO_NEAREST_INT);
+                    _mm256_storeu_ps(o.add(i), _mm256_cvtph_ps(h));
+                    i += 8;
+                }
+                while i < n {
+                    *o.add(i) = half::f16::from_f32(*q.add(i)).to_f32();
+                    i += 1;
+                }
+            }
+        }
+
         /// acc = f16(acc·ms).
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -584,6 +633,7 @@ mod ggml_compat {
                     |q, k, n| dot(q, k, n),
                     |a, v, s, n, b| mad(a, v, s, n, b),
                     |a, m, n, b| scale16(a, m, n, b),
+                    |q, o, n| round16(q, o, n),
                 )
             }
         }

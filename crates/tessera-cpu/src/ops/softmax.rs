@@ -109,6 +109,24 @@ impl MaskRow {
         }
     }
 
+    /// Whether elements `i..i + 16` are all `-inf` (their bits compared eight bytes at a time:
+    /// a causal or multi-sequence mask row is mostly long runs of them).
+    ///
+    /// # Safety
+    /// The row has at least `i + 16` elements.
+    #[inline(always)]
+    pub unsafe fn neg_inf_run16(self, i: usize) -> bool {
+        // SAFETY: caller's contract: 32 (f16) or 64 (f32) readable bytes from element i.
+        unsafe {
+            let (p, words, pat) = if self.f16 {
+                (self.ptr.add(2 * i), 4, 0xFC00_FC00_FC00_FC00u64)
+            } else {
+                (self.ptr.add(4 * i), 8, 0xFF80_0000_FF80_0000u64)
+            };
+            (0..words).all(|w| (p as *const u64).add(w).read_unaligned() == pat)
+        }
+    }
+
     /// Element `i` as f32.
     ///
     /// # Safety
