@@ -277,6 +277,7 @@ pub(super) mod avx2 {
             let mut s_sum = [0f32; T];
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
             let esz = if t.kv_f16 { 2 } else { 4 };
+            let runs = t.slope > 0.0 && t.slope.is_finite();
             for ic in (0..t.n_kv).step_by(T) {
                 let kv_tile = T.min(t.n_kv - ic);
                 // the tile is skipped when the mask excludes all of it for every row
@@ -288,11 +289,20 @@ pub(super) mod avx2 {
                             ptr: mp,
                             f16: m.f16,
                         };
-                        for j in 0..kv_tile {
+                        let mut j = 0;
+                        // whole runs of 16 -inf entries by their bits (for a finite positive
+                        // slope, slope · -inf is -inf): the tiles past a causal diagonal
+                        if runs {
+                            while j + 16 <= kv_tile && mr.neg_inf_run16(ic + j) {
+                                j += 16;
+                            }
+                        }
+                        while j < kv_tile {
                             if t.slope * mr.at(ic + j) != f32::NEG_INFINITY {
                                 any = true;
                                 break 'rows;
                             }
+                            j += 1;
                         }
                     }
                     if !any {
