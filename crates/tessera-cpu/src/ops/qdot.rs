@@ -702,6 +702,18 @@ pub(crate) mod avx2 {
             DType::Q4K => rows!(q4_k),
             DType::Q5K => rows!(q5_k),
             DType::Q6K => rows!(q6_k),
+            DType::IQ4XS if nb <= ABS_MAX_BLOCKS && out.len() > 1 => {
+                let mut ay = std::mem::MaybeUninit::<[u8; ABS_MAX_BLOCKS * Q8_K_SIZE]>::uninit();
+                let ay = ay.as_mut_ptr() as *mut u8;
+                // SAFETY: nb ≤ ABS_MAX_BLOCKS blocks fit; the kernel reads back only the
+                // bytes written here; row r lies at w + r * stride (caller).
+                unsafe {
+                    q8k_magnitudes(x, nb, ay);
+                    for (r, o) in out.iter_mut().enumerate() {
+                        *o = iq4_xs_abs(w.add(r * stride), x, ay, nb);
+                    }
+                }
+            }
             DType::IQ4XS => rows!(iq4_xs),
             DType::TQ1_0 => rows!(tq1_0),
             DType::TQ2_0 => rows!(tq2_0),
@@ -1197,6 +1209,54 @@ pub(crate) mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { iq4_xs_body(w, x, nb, |v, y| mul_i8_pairs(v, load256(y))) }
+    }
+
+    /// Most activation blocks for which a mat-vec of iq4_xs takes |y| from a copy made once
+    /// (16 KiB on the stack): K up to 14336.
+    const ABS_MAX_BLOCKS: usize = 56;
+
+    /// `iq4_xs` with |y| read from `ay` (the activation blocks with their values replaced by
+    /// their magnitudes, made once per mat-vec): |y| · (v with y's sign) per pair — the same
+    /// products as ggml's |v| · (y with v's sign), with one sign operation instead of two
+    /// (|y| ≤ 127: q8_K's values, so no pair sum saturates).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn iq4_xs_abs(w: *const u8, x: *const u8, ay: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded; `ay` has x's layout.
+        unsafe {
+            iq4_xs_body(w, x, nb, |v, y| {
+                let a = load256(ay.offset(y.offset_from(x)));
+                _mm256_maddubs_epi16(a, _mm256_sign_epi8(v, load256(y)))
+            })
+        }
+    }
+
+    /// Replaces the 256 values of each of `nb` q8_K blocks at `x` by their magnitudes, at the
+    /// same offsets in `ay` (the other bytes are left unwritten).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8k_magnitudes(x: *const u8, nb: usize, ay: *mut u8) {
+        // SAFETY: nb blocks at x and room for them at ay (caller).
+        unsafe {
+            for i in 0..nb {
+                for k in 0..QK_K / 32 {
+                    let off = i * Q8_K_SIZE + 4 + 32 * k;
+                    let y = load256(x.add(off));
+                    _mm256_storeu_si256(ay.add(off) as *mut __m256i, _mm256_sign_epi8(y, y));
+                }
+            }
+        }
+    }
+
+    /// iq4_xs row × q8_K column with `pairs(v, y)`: the i16 pair sums of 32 codebook values
+    /// against the 32 activations at `y`.
+    #[inline(always)]
+    unsafe fn iq4_xs_body<P: Fn(__m256i, *const u8) -> __m256i>(
+        w: *const u8,
+        x: *const u8,
+        nb: usize,
+        pairs: P,
+    ) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -1208,8 +1268,8 @@ pub(crate) mod avx2 {
                 let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 // two 32-element sub-blocks per step, into separate sums
                 for ib in 0..QK_K / 64 {
-                    let p1 = mul_i8_pairs(iq4_values(qs), load256(q8));
-                    let p2 = mul_i8_pairs(iq4_values(qs.add(16)), load256(q8.add(32)));
+                    let p1 = pairs(iq4_values(qs), q8);
+                    let p2 = pairs(iq4_values(qs.add(16)), q8.add(32));
                     qs = qs.add(32);
                     q8 = q8.add(64);
                     let sl = *wb.add(4 + ib) as i32;
