@@ -288,11 +288,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
 /// (four 8-lane f32 accumulators over chunks of 32, then a fixed reduction).
 mod ggml_compat {
     use super::{is_masked, Attend, Row};
+    use crate::ops::ggml_math::{round_f16, round_f16_row};
+    use crate::simd::Isa;
     use tessera::DType;
-
-    fn f16r(x: f32) -> f32 {
-        half::f16::from_f32(x).to_f32()
-    }
 
     /// Element `i` of a row of `t` as f32.
     unsafe fn ld(t: DType, p: *const u8, i: usize) -> f32 {
@@ -330,12 +328,11 @@ mod ggml_compat {
     /// The state the kernels share: q (rounded) and the accumulator in the row's scratch.
     /// Generic (and always inlined) so that the AVX2 kernel's primitives inline into it.
     #[inline(always)]
-    unsafe fn run<D, M, S, Q>(r: &Row, kt: DType, vt: DType, dot: D, mad: M, scale16: S, q16: Q)
+    unsafe fn run<D, M, S>(r: &Row, isa: Isa, kt: DType, vt: DType, dot: D, mad: M, scale16: S)
     where
         D: Fn(*const f32, *const u8, usize) -> f32,
         M: Fn(*mut f32, *const u8, f32, usize, bool),
         S: Fn(*mut f32, f32, usize, bool),
-        Q: Fn(*const f32, *mut f32, usize),
     {
         // SAFETY: `blk` holds dk + dv + 2·n_kv f32 of this thread's scratch; the other
         // pointers follow `compute`'s contract.
@@ -343,10 +340,9 @@ mod ggml_compat {
             let (dk, dv) = (r.dk, r.dv);
             let qv = r.blk;
             let acc = r.blk.add(dk);
+            std::ptr::copy_nonoverlapping(r.q, qv, dk);
             if kt == DType::F16 {
-                q16(r.q, qv, dk);
-            } else {
-                std::ptr::copy_nonoverlapping(r.q, qv, dk);
+                round_f16_row(isa, qv, dk);
             }
             for i in 0..dv {
                 *acc.add(i) = 0.0;
@@ -462,7 +458,7 @@ mod ggml_compat {
                     unsafe {
                         for i in 0..n {
                             let x = ld($vt, v, i).mul_add(vs, *acc.add(i));
-                            *acc.add(i) = if v16 { f16r(x) } else { x };
+                            *acc.add(i) = if v16 { round_f16(x) } else { x };
                         }
                     }
                 }
@@ -471,7 +467,7 @@ mod ggml_compat {
                     unsafe {
                         for i in 0..n {
                             let x = *acc.add(i) * ms;
-                            *acc.add(i) = if v16 { f16r(x) } else { x };
+                            *acc.add(i) = if v16 { round_f16(x) } else { x };
                         }
                     }
                 }
@@ -480,16 +476,12 @@ mod ggml_compat {
                 unsafe {
                     run(
                         r,
+                        Isa::Scalar,
                         $kt,
                         $vt,
                         |q, k, n| dot(q, k, n),
                         |a, v, s, n, b| mad(a, v, s, n, b),
                         |a, m, n, b| scale16(a, m, n, b),
-                        |q, o, n| {
-                            for i in 0..n {
-                                *o.add(i) = f16r(*q.add(i));
-                            }
-                        },
                     )
                 }
             }
@@ -517,6 +509,8 @@ mod ggml_compat {
     #[cfg(target_arch = "x86_64")]
     pub(super) mod avx2 {
         use super::{run, Row};
+        use crate::ops::ggml_math::round_f16;
+        use crate::simd::Isa;
         use std::arch::x86_64::*;
         use tessera::DType;
 
@@ -572,26 +566,7 @@ mod ggml_compat {
                 while i < n {
                     let vx = crate::ops::qdot::avx2::f16_bits(*v.add(i));
                     let y = vx.mul_add(vs, *acc.add(i));
-                    *acc.add(i) = half::f16::from_f32(y).to_f32();
-                    i += 1;
-                }
-            }
-        }
-
-        /// o = f16(q) as f32, 8 lanes at a time (the same rounding as `f16r`: to nearest even).
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn round16(q: *const f32, o: *mut f32, n: usize) {
-            // SAFETY: n elements at q and o.
-            unsafe {
-                let mut i = 0;
-                while i + 8 <= n {
-                    let h = _mm256_cvtps_ph(_mm256_loadu_ps(q.add(i)), _MM_FROUND_TO_NEAREST_INT);
-                    _mm256_storeu_ps(o.add(i), _mm256_cvtph_ps(h));
-                    i += 8;
-                }
-                while i < n {
-                    *o.add(i) = half::f16::from_f32(*q.add(i)).to_f32();
+                    *acc.add(i) = round_f16(y);
                     i += 1;
                 }
             }
@@ -614,7 +589,7 @@ mod ggml_compat {
                     i += 8;
                 }
                 while i < n {
-                    *acc.add(i) = half::f16::from_f32(*acc.add(i) * ms).to_f32();
+                    *acc.add(i) = round_f16(*acc.add(i) * ms);
                     i += 1;
                 }
             }
@@ -628,12 +603,12 @@ mod ggml_compat {
             unsafe {
                 run(
                     r,
+                    Isa::Avx2,
                     DType::F16,
                     DType::F16,
                     |q, k, n| dot(q, k, n),
                     |a, v, s, n, b| mad(a, v, s, n, b),
                     |a, m, n, b| scale16(a, m, n, b),
-                    |q, o, n| round16(q, o, n),
                 )
             }
         }

@@ -22,6 +22,7 @@ use tessera::op::{Conv2dParams, Im2colParams, Pool2dParams, PoolKind};
 use tessera::{DType, Graph, Op, Result, Tensor};
 
 use crate::exec::NodeCtx;
+use crate::ops::ggml_math::{round_f16, round_f16_row};
 use crate::ops::reduce::{load, row_offset, store};
 use crate::simd::Isa;
 
@@ -87,30 +88,6 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
 fn tap(o: usize, k: usize, s: usize, p: usize, d: usize, len: usize) -> Option<usize> {
     let i = (o * s + k * d) as isize - p as isize;
     (i >= 0 && (i as usize) < len).then_some(i as usize)
-}
-
-/// Rounds `v` through f16 (nearest even), as ggml's conversion does.
-#[inline(always)]
-fn round_f16(v: f32) -> f32 {
-    half::f16::from_f32(v).to_f32()
-}
-
-/// Rounds the `n` f32 at `x` (a multiple of 8 when AVX2 is used) through f16 in place.
-///
-/// # Safety
-/// `x` holds `n` writable f32.
-unsafe fn round_f16_row(isa: Isa, x: *mut f32, n: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::ops::reduce::use_avx2(isa) {
-        // SAFETY: AVX2/F16C present; the caller's contract.
-        unsafe { avx2::round_f16(x, n) };
-        return;
-    }
-    let _ = isa;
-    for i in 0..n {
-        // SAFETY: i < n.
-        unsafe { *x.add(i) = round_f16(*x.add(i)) };
-    }
 }
 
 fn conv_2d(ctx: &NodeCtx, p: Conv2dParams) -> Result<()> {
@@ -413,27 +390,6 @@ fn pool_2d(ctx: &NodeCtx, p: Pool2dParams) -> Result<()> {
 mod avx2 {
     use super::{OCT, XB, XT};
     use std::arch::x86_64::*;
-
-    /// Rounds `n` f32 (a multiple of 8) through f16 in place.
-    ///
-    /// # Safety
-    /// AVX2/F16C present; `x` holds `n` writable f32.
-    #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn round_f16(x: *mut f32, n: usize) {
-        // SAFETY: loads and stores stay below n.
-        unsafe {
-            let mut i = 0;
-            while i + 8 <= n {
-                let h = _mm256_cvtps_ph(_mm256_loadu_ps(x.add(i)), _MM_FROUND_TO_NEAREST_INT);
-                _mm256_storeu_ps(x.add(i), _mm256_cvtph_ps(h));
-                i += 8;
-            }
-            while i < n {
-                *x.add(i) = super::round_f16(*x.add(i));
-                i += 1;
-            }
-        }
-    }
 
     /// Converts `v` to f16 (nearest even) at `dst`.
     ///

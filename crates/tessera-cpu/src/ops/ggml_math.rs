@@ -2,7 +2,10 @@
 //! llama.cpp's results bit for bit: `exp` (ggml's `ggml_v_expf`, a range reduction to
 //! `2^n · (1 + p(b))` with a degree-5 polynomial, from ARM's optimized-routines, as ggml uses it
 //! on x86) and the SiLU built on it. The scalar forms compute each lane exactly as the AVX2 form
-//! does (the same fused multiply-adds), so every ISA gives the same bits.
+//! does (the same fused multiply-adds), so every ISA gives the same bits. Also the f32 → f16 → f32
+//! rounding ggml applies where it stores f16 (conv's kernels, attention's query).
+
+use crate::simd::Isa;
 
 /// One lane of ggml's AVX2 `ggml_v_expf` (kept in the core crate: the reference backend's
 /// ggml-precision attention needs it too).
@@ -67,9 +70,55 @@ pub unsafe fn swiglu_row_piece(
     }
 }
 
+/// Rounds `v` through f16 (nearest even), as ggml's conversion does.
+#[inline(always)]
+pub(crate) fn round_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// Rounds the `n` f32 at `x` through f16 in place (eight lanes at a time with AVX2/F16C; the
+/// same bits either way).
+///
+/// # Safety
+/// `x` holds `n` writable f32.
+pub(crate) unsafe fn round_f16_row(isa: Isa, x: *mut f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::ops::reduce::use_avx2(isa) {
+        // SAFETY: AVX2/F16C present; the caller's contract.
+        unsafe { avx2::round_f16(x, n) };
+        return;
+    }
+    let _ = isa;
+    for i in 0..n {
+        // SAFETY: i < n.
+        unsafe { *x.add(i) = round_f16(*x.add(i)) };
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     use std::arch::x86_64::*;
+
+    /// Rounds `n` f32 through f16 in place, eight at a time, the rest one by one.
+    ///
+    /// # Safety
+    /// AVX2/F16C present; `x` holds `n` writable f32.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn round_f16(x: *mut f32, n: usize) {
+        // SAFETY: loads and stores stay below n.
+        unsafe {
+            let mut i = 0;
+            while i + 8 <= n {
+                let h = _mm256_cvtps_ph(_mm256_loadu_ps(x.add(i)), _MM_FROUND_TO_NEAREST_INT);
+                _mm256_storeu_ps(x.add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            while i < n {
+                *x.add(i) = super::round_f16(*x.add(i));
+                i += 1;
+            }
+        }
+    }
 
     /// ggml's `ggml_v_expf` on 8 lanes.
     #[inline]
