@@ -621,6 +621,18 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         // blocks of their formats (checked by the callers' layouts).
         return unsafe { avx2::vec_dot(t, w, x, k) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        let nb = k / 32;
+        assert!(
+            w.len() >= nb * t.type_size() && x.len() >= nb * vec_dot_type(t).type_size(),
+            "vec_dot: rows of {} and {} bytes for {k} elements of {t}",
+            w.len(),
+            x.len()
+        );
+        // SAFETY: NEON is part of every AArch64 CPU; both rows hold nb blocks (asserted).
+        return unsafe { super::qdot_neon::vec_dot_legacy(t, w, x, nb) };
+    }
     let _ = isa;
     vec_dot_scalar(t, w, x, k)
 }
@@ -632,6 +644,7 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
         // SAFETY: as in `vec_dot`; prefetching never faults, whatever the address.
         return unsafe { avx2::vec_dot4(t, w, x, k, pf) };
     }
+    let _ = pf; // only the AVX2 kernel prefetches
     w.map(|r| vec_dot(isa, t, r, x, k))
 }
 

@@ -20,6 +20,8 @@ pub mod qdot;
 pub mod qdot_fp;
 pub mod qdot_iq13;
 pub mod qdot_iq2;
+#[cfg(target_arch = "aarch64")]
+pub mod qdot_neon;
 pub mod qdot_tiles;
 pub mod qgemm_0;
 pub mod qgemm_k;

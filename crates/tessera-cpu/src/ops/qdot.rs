@@ -104,6 +104,14 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         // blocks of their formats (asserted above), which is all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: NEON is part of every AArch64 CPU; w and x hold nb blocks of their formats
+        // (asserted above), which is all the kernels read.
+        if let Some(v) = unsafe { super::qdot_neon::vec_dot(t, w, x, nb) } {
+            return v;
+        }
+    }
     let _ = isa;
     scalar::vec_dot(t, w, x, nb)
 }

@@ -27,9 +27,12 @@ use crate::simd::Isa;
 const QK_K: usize = 256;
 /// Bytes of one q8_K block: f32 d, 256 quants, 16 i16 group sums.
 const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
-/// Bytes of one weight block of each type.
+/// Bytes of one weight block of each type (read by the AVX2 kernels).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const IQ2XXS_SIZE: usize = 2 + QK_K / 4;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const IQ2XS_SIZE: usize = 2 + QK_K / 4 + QK_K / 32;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const IQ2S_SIZE: usize = 2 + QK_K / 4 + QK_K / 16;
 
 /// Weight types with an integer kernel here.

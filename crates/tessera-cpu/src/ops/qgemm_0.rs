@@ -177,6 +177,7 @@ pub unsafe fn run(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch, s
 /// Up to this many column groups (24 columns: decoding a batch of sequences), each row is
 /// finished in one pass with its accumulators in registers ([`run_few`]); more groups take the
 /// windowed, cache-blocked loop, which reuses packed activations across rows.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const FEW_GROUPS: usize = 3;
 
 /// Few column groups: row by row, every group of the row in turn, each over all of K with the

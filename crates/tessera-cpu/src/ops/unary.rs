@@ -129,8 +129,11 @@ impl Fun {
 
 /// `2·sqrt(2/π)` and `2·sqrt(2/π)·0.044715` (gelu's `2u = x (k1 + k2 x²)`) and gelu_quick's
 /// 1.702, each as an f32 and the f32 of its remainder.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const GELU_K1: (f32, f32) = (1.595_769_2, -4.534_068e-8);
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const GELU_K2: (f32, f32) = (0.071_354_814, 2.398_832_5e-9);
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const GELU_QUICK: (f32, f32) = (1.702, -2.193_451e-8);
 
 /// Numerical Recipes' `erfcc` coefficients, `c0 + c1 t + … + c9 t⁹`.

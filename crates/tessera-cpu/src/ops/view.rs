@@ -34,6 +34,7 @@ pub(crate) const ALIGN: usize = 32;
 
 /// Does this ISA run the AVX2 kernels?
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx2(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512)
 }

@@ -1,0 +1,558 @@
+//! aarch64 NEON integer dot products for the quantized weight types, one weight row against one
+//! activation row (q8_0, q8_1 or q8_K, as `matmul_quant::vec_dot_type` pairs them).
+//!
+//! Each kernel returns exactly what the scalar path returns (ggml's generic C code, see
+//! `qdot.rs`): the integer sums are exact whatever the grouping, so NEON forms them 16 lanes at
+//! a time, and where the generic code keeps eight integer lanes (q3_K … q6_K: element `e` in
+//! lane `e mod 8`, each lane scaled into its own float lane) the NEON lanes are laid out the
+//! same way: `vmull_s8` of 16 elements puts elements `l` and `l + 8` into 16-bit lane `l`, and
+//! `vmlal_n_s16` adds that lane times the group's scale into 32-bit lane `l`. The per-block float
+//! arithmetic is then the scalar path's own, operation for operation (a separate multiply and
+//! add, never fused). So NEON results equal llama.cpp's generic build bit for bit (the
+//! `qdot_ggml.bin` fixture's `generic` column); ggml's own NEON kernels sum in another order
+//! and differ from it in the last bits.
+//!
+//! Only baseline NEON (every AArch64 CPU) is used. The 16-bit partial sums never overflow: each
+//! kernel's comment gives the bound of its products and how many share a lane.
+//!
+//! Tested under `qemu-aarch64` (see the README): against the fixture, and against the scalar
+//! path on random rows including every extreme code (`tests/qdot.rs`, `tests/matmul_quant.rs`).
+
+// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
+// `unsafe` blocks around register arithmetic keep the crate's minimum (1.85) building.
+#![allow(unused_unsafe)]
+
+use std::arch::aarch64::*;
+
+use tessera::DType;
+
+use super::qdot::{k4_scales_mins, q3k_scales, KVALUES_IQ4NL};
+
+const QK_K: usize = 256;
+
+/// Weight types with a NEON kernel here (the others run the scalar path on aarch64).
+pub fn covers(t: DType) -> bool {
+    use DType::*;
+    matches!(
+        t,
+        Q4_0 | Q4_1
+            | Q8_0
+            | Q5_0
+            | Q5_1
+            | IQ4NL
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | IQ4XS
+            | TQ1_0
+            | TQ2_0
+    )
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's block holds two bytes at p.
+    let b = unsafe { std::ptr::read_unaligned(p as *const [u8; 2]) };
+    half::f16::from_bits(u16::from_le_bytes(b)).to_f32()
+}
+
+#[inline(always)]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's block holds four bytes at p.
+    f32::from_le_bytes(unsafe { std::ptr::read_unaligned(p as *const [u8; 4]) })
+}
+
+#[inline(always)]
+unsafe fn u8x16(p: *const u8) -> uint8x16_t {
+    // SAFETY: the caller's block holds 16 bytes at p.
+    unsafe { vld1q_u8(p) }
+}
+
+#[inline(always)]
+unsafe fn i8x16(p: *const u8) -> int8x16_t {
+    // SAFETY: the caller's block holds 16 bytes at p.
+    unsafe { vld1q_s8(p as *const i8) }
+}
+
+#[inline(always)]
+unsafe fn s8(v: uint8x16_t) -> int8x16_t {
+    unsafe { vreinterpretq_s8_u8(v) }
+}
+
+/// 16-bit lane `l` = `a[l]·b[l] + a[l+8]·b[l+8]` (two products a lane: callers keep
+/// `|a·b| ≤ 16383` or add fewer lanes together, as each says).
+#[inline(always)]
+unsafe fn mul16(a: int8x16_t, b: int8x16_t) -> int16x8_t {
+    unsafe { vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), a, b) }
+}
+
+/// `acc[l] += s·p[l]`, 32-bit lanes 0..8 (lane `l` of the generic code's `aux32`).
+#[inline(always)]
+unsafe fn scale_add(acc: &mut [int32x4_t; 2], p: int16x8_t, s: i16) {
+    unsafe {
+        acc[0] = vmlal_n_s16(acc[0], vget_low_s16(p), s);
+        acc[1] = vmlal_high_n_s16(acc[1], p, s);
+    }
+}
+
+/// The 16 bits of `v` as 16 byte masks (0xff where the bit is set), bit j in byte j.
+#[inline(always)]
+unsafe fn bit_masks(v: u16) -> uint8x16_t {
+    const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    unsafe {
+        let b = vcombine_u8(vdup_n_u8(v as u8), vdup_n_u8((v >> 8) as u8));
+        vtstq_u8(b, vld1q_u8(BITS.as_ptr()))
+    }
+}
+
+/// Bytes shifted right by `n` (0..8) bits.
+#[inline(always)]
+unsafe fn shr(v: uint8x16_t, n: usize) -> uint8x16_t {
+    unsafe { vshlq_u8(v, vdupq_n_s8(-(n as i8))) }
+}
+
+/// Adds the float lanes of one block: `sums[l] += d·aux[l]` (multiply, then add, per lane).
+#[inline(always)]
+unsafe fn add_scaled(sums: &mut [float32x4_t; 2], aux: [int32x4_t; 2], d: f32) {
+    unsafe {
+        sums[0] = vaddq_f32(sums[0], vmulq_n_f32(vcvtq_f32_s32(aux[0]), d));
+        sums[1] = vaddq_f32(sums[1], vmulq_n_f32(vcvtq_f32_s32(aux[1]), d));
+    }
+}
+
+/// `sumf + lane 0 + lane 1 + … + lane 7`, in that order.
+#[inline(always)]
+unsafe fn add_lanes(mut sumf: f32, sums: [float32x4_t; 2]) -> f32 {
+    let mut l = [0f32; 8];
+    // SAFETY: l holds eight floats.
+    unsafe {
+        vst1q_f32(l.as_mut_ptr(), sums[0]);
+        vst1q_f32(l.as_mut_ptr().add(4), sums[1]);
+    }
+    for v in l {
+        sumf += v;
+    }
+    sumf
+}
+
+/// q4_0, q4_1 and q8_0 against q8_0 / q8_1 (`matmul_quant::vec_dot_scalar`'s arithmetic).
+///
+/// # Safety
+/// `w` and `x` hold `nb` blocks of their formats.
+#[target_feature(enable = "neon")]
+pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    let mut sum = 0f32;
+    // SAFETY: every load below stays inside block i of its row, i < nb.
+    unsafe {
+        let m4 = vdupq_n_u8(15);
+        match t {
+            DType::Q4_0 => {
+                let eight = vdupq_n_s8(8);
+                for i in 0..nb {
+                    let (wb, xb) = (wp.add(i * 18), xp.add(i * 34));
+                    let v = u8x16(wb.add(2));
+                    let lo = vsubq_s8(s8(vandq_u8(v, m4)), eight);
+                    let hi = vsubq_s8(s8(vshrq_n_u8::<4>(v)), eight);
+                    // |product| ≤ 8·128: four a lane
+                    let p = vaddq_s16(mul16(lo, i8x16(xb.add(2))), mul16(hi, i8x16(xb.add(18))));
+                    let s = vaddlvq_s16(p);
+                    sum += f16_at(wb) * f16_at(xb) * s as f32;
+                }
+            }
+            DType::Q4_1 => {
+                for i in 0..nb {
+                    let (wb, xb) = (wp.add(i * 20), xp.add(i * 36));
+                    let v = u8x16(wb.add(4));
+                    let lo = s8(vandq_u8(v, m4));
+                    let hi = s8(vshrq_n_u8::<4>(v));
+                    // |product| ≤ 15·128: four a lane
+                    let p = vaddq_s16(mul16(lo, i8x16(xb.add(4))), mul16(hi, i8x16(xb.add(20))));
+                    let s = vaddlvq_s16(p);
+                    sum +=
+                        f16_at(wb) * f16_at(xb) * s as f32 + f16_at(wb.add(2)) * f16_at(xb.add(2));
+                }
+            }
+            DType::Q8_0 => {
+                for i in 0..nb {
+                    let (wb, xb) = (wp.add(i * 34), xp.add(i * 34));
+                    // |product| ≤ 128·128: each widened to 32 bits before the next is added
+                    let mut acc = vdupq_n_s32(0);
+                    for h in 0..2 {
+                        let (a, b) = (i8x16(wb.add(2 + 16 * h)), i8x16(xb.add(2 + 16 * h)));
+                        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+                        acc = vpadalq_s16(acc, vmull_high_s8(a, b));
+                    }
+                    sum += f16_at(wb) * f16_at(xb) * vaddvq_s32(acc) as f32;
+                }
+            }
+            _ => unreachable!("no NEON legacy kernel for {t}"),
+        }
+    }
+    sum
+}
+
+/// The types of `qdot` (against q8_0, q8_1 or q8_K); `None` for a type without a NEON kernel.
+///
+/// # Safety
+/// `w` and `x` hold `nb` blocks of their formats.
+#[target_feature(enable = "neon")]
+pub(crate) unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<f32> {
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe {
+        Some(match t {
+            DType::Q5_0 => q5(wp, xp, nb, false),
+            DType::Q5_1 => q5(wp, xp, nb, true),
+            DType::IQ4NL => iq4_nl(wp, xp, nb),
+            DType::Q2K => q2_k(wp, xp, nb),
+            DType::Q3K => q3_k(wp, xp, nb),
+            DType::Q4K => q4_k(wp, xp, nb, false),
+            DType::Q5K => q4_k(wp, xp, nb, true),
+            DType::Q6K => q6_k(wp, xp, nb),
+            DType::IQ4XS => iq4_xs(wp, xp, nb),
+            DType::TQ1_0 => tq1_0(wp, xp, nb),
+            DType::TQ2_0 => tq2_0(wp, xp, nb),
+            _ => return None,
+        })
+    }
+}
+
+/// q5_0 against q8_0, or q5_1 against q8_1 (`one`).
+#[inline(always)]
+unsafe fn q5(wp: *const u8, xp: *const u8, nb: usize, one: bool) -> f32 {
+    let (wsize, xsize, qh_at) = if one { (24, 36, 4) } else { (22, 34, 2) };
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside block i of each row (i < nb).
+    unsafe {
+        let (m4, b4) = (vdupq_n_u8(15), vdupq_n_u8(16));
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * wsize), xp.add(i * xsize));
+            let qh = u32::from_le_bytes(std::ptr::read_unaligned(wb.add(qh_at) as *const [u8; 4]));
+            let v = u8x16(wb.add(qh_at + 4));
+            let lo = vorrq_u8(vandq_u8(v, m4), vandq_u8(bit_masks(qh as u16), b4));
+            let hi = vorrq_u8(
+                vshrq_n_u8::<4>(v),
+                vandq_u8(bit_masks((qh >> 16) as u16), b4),
+            );
+            let (lo, hi) = if one {
+                (s8(lo), s8(hi))
+            } else {
+                (vsubq_s8(s8(lo), s8(b4)), vsubq_s8(s8(hi), s8(b4)))
+            };
+            let y = xb.add(if one { 4 } else { 2 });
+            // |product| ≤ 31·128: four a lane
+            let s = vaddlvq_s16(vaddq_s16(mul16(lo, i8x16(y)), mul16(hi, i8x16(y.add(16)))));
+            let scaled = (f16_at(wb) * f16_at(xb)) * s as f32;
+            if one {
+                sumf += scaled + f16_at(wb.add(2)) * f16_at(xb.add(2));
+            } else {
+                sumf += scaled;
+            }
+        }
+    }
+    sumf
+}
+
+/// One 16-byte lookup of 16 nibbles in ggml's iq4 codebook.
+#[inline(always)]
+unsafe fn iq4(kv: int8x16_t, nibbles: uint8x16_t) -> int8x16_t {
+    unsafe { vqtbl1q_s8(kv, nibbles) }
+}
+
+/// Σ of 32 products of iq4 values with q8 codes: |product| ≤ 127·128, two a 16-bit lane,
+/// each half widened on its own.
+#[inline(always)]
+unsafe fn iq4_block(kv: int8x16_t, q: *const u8, y: *const u8) -> i32 {
+    unsafe {
+        let v = u8x16(q);
+        let lo = iq4(kv, vandq_u8(v, vdupq_n_u8(15)));
+        let hi = iq4(kv, vshrq_n_u8::<4>(v));
+        vaddlvq_s16(mul16(lo, i8x16(y))) + vaddlvq_s16(mul16(hi, i8x16(y.add(16))))
+    }
+}
+
+unsafe fn iq4_nl(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside block i of each row (i < nb).
+    unsafe {
+        let kv = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 18), xp.add(i * 34));
+            let d = f16_at(xb) * f16_at(wb);
+            sumf += d * iq4_block(kv, wb.add(2), xb.add(2)) as f32;
+        }
+    }
+    sumf
+}
+
+unsafe fn iq4_xs(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let kv = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 136), xp.add(i * 292));
+            let d4d8 = f16_at(wb) * f32_at(xb);
+            let mut h = u16::from_le_bytes([*wb.add(2), *wb.add(3)]) as u32;
+            for ib in 0..QK_K / 32 {
+                let sl = *wb.add(4 + ib / 2) as u32;
+                let ls = if ib % 2 == 0 {
+                    (sl & 15) | ((h << 4) & 0x30)
+                } else {
+                    let v = (sl >> 4) | ((h << 2) & 0x30);
+                    h >>= 4;
+                    v
+                };
+                let dl = d4d8 * (ls as i32 - 32) as f32;
+                let s = iq4_block(kv, wb.add(8 + 16 * ib), xb.add(4 + 32 * ib));
+                sumf += dl * s as f32;
+            }
+        }
+    }
+    sumf
+}
+
+/// q8_K's 16 group sums times per-group factors `f(j)`.
+#[inline(always)]
+unsafe fn bsums_dot(xb: *const u8, f: impl Fn(usize) -> i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        // SAFETY: a q8_K block holds its 16 sums at 4 + 256.
+        let b = unsafe { std::ptr::read_unaligned(xb.add(4 + QK_K + 2 * j) as *const [u8; 2]) };
+        s += i16::from_le_bytes(b) as i32 * f(j);
+    }
+    s
+}
+
+unsafe fn q2_k(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 84), xp.add(i * 292));
+            let (sc, q2, q8) = (wb, wb.add(16), xb.add(4));
+            let summs = bsums_dot(xb, |j| (*sc.add(j) >> 4) as i32);
+            let yd = f32_at(xb);
+            let dall = yd * f16_at(wb.add(80));
+            let dmin = yd * f16_at(wb.add(82));
+            let mut acc = [vdupq_n_s32(0); 2];
+            for h in 0..2 {
+                for j in 0..4 {
+                    for half in 0..2 {
+                        let a = vandq_u8(shr(u8x16(q2.add(h * 32 + half * 16)), 2 * j), m3);
+                        let y = i8x16(q8.add(h * 128 + j * 32 + half * 16));
+                        // |product| ≤ 3·128: two a lane
+                        let d = (*sc.add(h * 8 + j * 2 + half) & 15) as i16;
+                        scale_add(&mut acc, mul16(s8(a), y), d);
+                    }
+                }
+            }
+            let isum = vaddvq_s32(vaddq_s32(acc[0], acc[1]));
+            sumf += dall * isum as f32 - dmin * summs as f32;
+        }
+    }
+    sumf
+}
+
+unsafe fn q3_k(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sums = [unsafe { vdupq_n_f32(0.0) }; 2];
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 110), xp.add(i * 292));
+            let (q3, q8) = (wb.add(32), xb.add(4));
+            let hm = [u8x16(wb), u8x16(wb.add(16))];
+            let sc = words_bytes(q3k_scales(std::slice::from_raw_parts(wb.add(96), 12)));
+            let mut acc = [vdupq_n_s32(0); 2];
+            for h in 0..2 {
+                for shift in 0..4 {
+                    let m = vdupq_n_u8(1 << (h * 4 + shift));
+                    for c in 0..2 {
+                        let low = vandq_u8(shr(u8x16(q3.add(h * 32 + 16 * c)), 2 * shift), m3);
+                        let sub = vbicq_u8(four, vtstq_u8(hm[c], m));
+                        let a = vsubq_s8(s8(low), s8(sub));
+                        let y = i8x16(q8.add(h * 128 + shift * 32 + 16 * c));
+                        // |product| ≤ 4·128: two a lane
+                        let s = sc[8 * h + 2 * shift + c] as i16 - 32;
+                        scale_add(&mut acc, mul16(a, y), s);
+                    }
+                }
+            }
+            add_scaled(&mut sums, acc, f16_at(wb.add(108)) * f32_at(xb));
+        }
+        add_lanes(0.0, sums)
+    }
+}
+
+/// Four little-endian words as 16 bytes.
+#[inline(always)]
+fn words_bytes(w: [u32; 4]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    for (i, v) in w.iter().enumerate() {
+        b[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// q4_K, and q5_K when `fifth` (its high bits at 16..48, quants at 48..176).
+unsafe fn q4_k(wp: *const u8, xp: *const u8, nb: usize, fifth: bool) -> f32 {
+    let ts = if fifth { 176 } else { 144 };
+    let mut sums = [unsafe { vdupq_n_f32(0.0) }; 2];
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let (m4, b4) = (vdupq_n_u8(15), vdupq_n_u8(16));
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * ts), xp.add(i * 292));
+            let qs = wb.add(if fifth { 48 } else { 16 });
+            let q8 = xb.add(4);
+            let sm = words_bytes(k4_scales_mins(std::slice::from_raw_parts(wb.add(4), 12)));
+            let sumi = bsums_dot(xb, |j| sm[8 + j / 2] as i32);
+            let hm = [u8x16(wb.add(16)), u8x16(wb.add(32))];
+            let mut acc = [vdupq_n_s32(0); 2];
+            for j in 0..4 {
+                let v = [u8x16(qs.add(32 * j)), u8x16(qs.add(32 * j + 16))];
+                let mut lo = [vandq_u8(v[0], m4), vandq_u8(v[1], m4)];
+                let mut hi = [vshrq_n_u8::<4>(v[0]), vshrq_n_u8::<4>(v[1])];
+                if fifth {
+                    let (ml, mh) = (vdupq_n_u8(1 << (2 * j)), vdupq_n_u8(2 << (2 * j)));
+                    for c in 0..2 {
+                        lo[c] = vorrq_u8(lo[c], vandq_u8(vtstq_u8(hm[c], ml), b4));
+                        hi[c] = vorrq_u8(hi[c], vandq_u8(vtstq_u8(hm[c], mh), b4));
+                    }
+                }
+                let y = q8.add(64 * j);
+                // |product| ≤ 31·128: four a lane
+                let pl = vaddq_s16(
+                    mul16(s8(lo[0]), i8x16(y)),
+                    mul16(s8(lo[1]), i8x16(y.add(16))),
+                );
+                let ph = vaddq_s16(
+                    mul16(s8(hi[0]), i8x16(y.add(32))),
+                    mul16(s8(hi[1]), i8x16(y.add(48))),
+                );
+                scale_add(&mut acc, pl, sm[2 * j] as i16);
+                scale_add(&mut acc, ph, sm[2 * j + 1] as i16);
+            }
+            let yd = f32_at(xb);
+            add_scaled(&mut sums, acc, f16_at(wb) * yd);
+            let dmin = f16_at(wb.add(2)) * yd;
+            sumf -= dmin * sumi as f32;
+        }
+        add_lanes(sumf, sums)
+    }
+}
+
+unsafe fn q6_k(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sums = [unsafe { vdupq_n_f32(0.0) }; 2];
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let (m4, m30, m3, b32) = (
+            vdupq_n_u8(15),
+            vdupq_n_u8(0x30),
+            vdupq_n_u8(3),
+            vdupq_n_s8(32),
+        );
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 210), xp.add(i * 292));
+            let (ql, qh, sc, q8) = (wb, wb.add(128), wb.add(192) as *const i8, xb.add(4));
+            let mut acc = [vdupq_n_s32(0); 2];
+            for h in 0..2 {
+                for c in 0..2 {
+                    let hb = u8x16(qh.add(h * 32 + 16 * c));
+                    let l0 = u8x16(ql.add(h * 64 + 16 * c));
+                    let l1 = u8x16(ql.add(h * 64 + 32 + 16 * c));
+                    let a = [
+                        vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8::<4>(vandq_u8(hb, m3))),
+                        vorrq_u8(vandq_u8(l1, m4), vandq_u8(vshlq_n_u8::<2>(hb), m30)),
+                        vorrq_u8(vshrq_n_u8::<4>(l0), vandq_u8(hb, m30)),
+                        vorrq_u8(vshrq_n_u8::<4>(l1), vandq_u8(vshrq_n_u8::<2>(hb), m30)),
+                    ];
+                    for (q, &aq) in a.iter().enumerate() {
+                        let e = h * 128 + 32 * q + 16 * c;
+                        // |product| ≤ 32·128: two a lane
+                        let p = mul16(vsubq_s8(s8(aq), b32), i8x16(q8.add(e)));
+                        scale_add(&mut acc, p, *sc.add(e / 16) as i16);
+                    }
+                }
+            }
+            add_scaled(&mut sums, acc, f16_at(wb.add(208)) * f32_at(xb));
+        }
+        add_lanes(0.0, sums)
+    }
+}
+
+/// Base-3 digits of 16 tq1_0 bytes: `((b·3^l mod 256)·3) >> 8`, minus one.
+#[inline(always)]
+unsafe fn trits(b: uint8x16_t, pow3: u8) -> int8x16_t {
+    unsafe {
+        let t = vmulq_u8(b, vdupq_n_u8(pow3));
+        let three = vdup_n_u8(3);
+        let lo = vshrn_n_u16::<8>(vmull_u8(vget_low_u8(t), three));
+        let hi = vshrn_n_u16::<8>(vmull_high_u8(t, vdupq_n_u8(3)));
+        vsubq_s8(s8(vcombine_u8(lo, hi)), vdupq_n_s8(1))
+    }
+}
+
+unsafe fn tq1_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 54), xp.add(i * 292));
+            let q8 = xb.add(4);
+            // |product| ≤ 128: the 16-bit lanes take 15 blocks of two before widening
+            let mut p = vdupq_n_s16(0);
+            for (l, &pw) in POW3.iter().enumerate() {
+                for c in 0..2 {
+                    let t = trits(u8x16(wb.add(16 * c)), pw);
+                    p = vaddq_s16(p, mul16(t, i8x16(q8.add(l * 32 + 16 * c))));
+                }
+                let t = trits(u8x16(wb.add(32)), pw);
+                p = vaddq_s16(p, mul16(t, i8x16(q8.add(160 + l * 16))));
+            }
+            let mut sum = vaddlvq_s16(p);
+            for (l, &pw) in POW3[..4].iter().enumerate() {
+                for j in 0..4 {
+                    let b = *wb.add(48 + j);
+                    let t = ((b.wrapping_mul(pw) as u16 * 3) >> 8) as i32 - 1;
+                    sum += t * *q8.add(240 + l * 4 + j) as i8 as i32;
+                }
+            }
+            sumf += sum as f32 * (f16_at(wb.add(52)) * f32_at(xb));
+        }
+    }
+    sumf
+}
+
+unsafe fn tq2_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+    let mut sumf = 0f32;
+    // SAFETY: the loads stay inside superblock i of each row (i < nb).
+    unsafe {
+        let (m3, one) = (vdupq_n_u8(3), vdupq_n_s8(1));
+        for i in 0..nb {
+            let (wb, xb) = (wp.add(i * 66), xp.add(i * 292));
+            let q8 = xb.add(4);
+            // |product| ≤ 128: sixteen blocks of two a lane stay below 2^13
+            let mut p = vdupq_n_s16(0);
+            for j in [0, 32] {
+                for l in 0..4 {
+                    for c in 0..2 {
+                        let v = vandq_u8(shr(u8x16(wb.add(j + 16 * c)), 2 * l), m3);
+                        let y = i8x16(q8.add(j * 4 + l * 32 + 16 * c));
+                        p = vaddq_s16(p, mul16(vsubq_s8(s8(v), one), y));
+                    }
+                }
+            }
+            let d = f32_at(xb) * f16_at(wb.add(64));
+            sumf += vaddlvq_s16(p) as f32 * d;
+        }
+    }
+    sumf
+}

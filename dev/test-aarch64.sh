@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The aarch64 NEON kernels on an x86_64 machine: cross-builds tessera-cpu's NEON tests (and the
+# quantized mat-vec tests, which then run on NEON) for aarch64-unknown-linux-gnu and runs them
+# under qemu-aarch64, first as a CPU with every extension qemu has (-cpu max), then as a
+# baseline ARMv8.0 core (-cpu cortex-a53). Installs what it needs (Debian's qemu-user and
+# aarch64 cross gcc, rustup's aarch64 standard library) and fails if it cannot.
+# On an aarch64 machine, plain `cargo test -p tessera-cpu` runs the same tests natively.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=aarch64-unknown-linux-gnu
+if [ "$(uname -m)" = aarch64 ]; then
+  exec cargo test -p tessera-cpu --lib --test neon --test qdot --test matmul_quant
+fi
+
+need=()
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  echo "installing ${need[*]} (for the aarch64 tests)" >&2
+  if ! "${sudo[@]}" apt-get install -y --no-install-recommends "${need[@]}" >/dev/null; then
+    "${sudo[@]}" apt-get update >/dev/null
+    "${sudo[@]}" apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+if ! rustup target list --installed | grep -qx "$target"; then
+  rustup target add "$target"
+fi
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+sysroot=/usr/aarch64-linux-gnu
+for cpu in max cortex-a53; do
+  echo "== aarch64 tests under qemu-aarch64 -cpu $cpu" >&2
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L $sysroot" \
+    cargo test -p tessera-cpu --target "$target" --lib --test neon --test qdot --test matmul_quant
+done
