@@ -16,8 +16,10 @@ use tessera_cpu::Isa;
 mod qdot_common;
 use qdot_common::*;
 
-/// Every type with a NEON kernel: the three of `matmul_quant` and the eleven of `qdot`.
-const TYPES: [DType; 14] = [
+/// Every type with an integer kernel: the three of `matmul_quant`, the eleven of `qdot` with
+/// their own NEON kernels, and the eleven lattice and small-float types whose generic code runs
+/// on NEON integer sums.
+const TYPES: [DType; 25] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q8_0,
@@ -32,6 +34,17 @@ const TYPES: [DType; 14] = [
     DType::IQ4XS,
     DType::TQ1_0,
     DType::TQ2_0,
+    DType::IQ2XXS,
+    DType::IQ2XS,
+    DType::IQ2S,
+    DType::IQ3XXS,
+    DType::IQ3S,
+    DType::IQ1S,
+    DType::IQ1M,
+    DType::MXFP4,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
 ];
 
 fn dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
@@ -50,8 +63,9 @@ fn the_process_runs_neon() {
     }
 }
 
-/// The NEON path returns exactly what ggml's generic C code returns (the fixture of
-/// `tests/qdot.rs`: quantized patterns and rows of random block bytes).
+/// The NEON path returns exactly what ggml's generic C code returns (the fixtures of
+/// `tests/qdot.rs`, `qdot_iq2.rs`, `qdot_iq13.rs` and `qdot_fp.rs`: quantized patterns and
+/// rows of random block bytes).
 #[test]
 fn neon_is_bit_exact_with_ggml_generic() {
     let cases = parse_fixture(include_bytes!("data/qdot_ggml.bin"));
@@ -62,19 +76,44 @@ fn neon_is_bit_exact_with_ggml_generic() {
         "{covered} fixture cases with a NEON kernel"
     );
     assert!(n >= covered);
+    // and the fixtures of the lattice and small-float kernels
+    for fixture in [
+        &include_bytes!("data/qdot_ggml_iq2.bin")[..],
+        &include_bytes!("data/qdot_ggml_iq13.bin")[..],
+        &include_bytes!("data/qdot_ggml_fp.bin")[..],
+    ] {
+        let cases = parse_fixture(fixture);
+        assert!(cases.len() >= 3 * 15, "{} cases", cases.len());
+        assert!(cases.iter().all(|c| qdot_neon::covers(c.t)));
+        assert_fixture_bit_exact(&cases, &[Isa::Neon], |c| c.generic);
+    }
 }
 
-/// Offsets of the f16 scale fields in a weight block (set to small finite values in the edited
-/// rows below, so that every other byte can take any value).
-fn scale_fields(t: DType) -> &'static [usize] {
-    match t {
+/// Sets the block scales of weight block `i` to small finite values, so that every other byte
+/// can take any value in the edited rows below.
+fn finite_scales(t: DType, blk: &mut [u8], i: usize) {
+    let fields: &[usize] = match t {
         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
         DType::Q2K => &[80, 82],
         DType::Q3K => &[108],
         DType::Q6K => &[208],
         DType::TQ1_0 => &[52],
         DType::TQ2_0 => &[64],
+        // an E8M0 byte, four UE4M3 bytes, the f16 in the top nibbles of four words
+        DType::MXFP4 => return blk[0] = 125 + (i % 3) as u8,
+        DType::NVFP4 => return blk[..4].copy_from_slice(&[0x38, 0x30, 0x40, 0x2f]),
+        DType::IQ1M => {
+            for (w, nibble) in [(49, 0), (51, 0), (53, 0), (55, 3)] {
+                blk[w] = (blk[w] & 15) | nibble << 4;
+            }
+            return;
+        }
         _ => &[0],
+    };
+    for (j, &at) in fields.iter().enumerate() {
+        // 1.0, 1.5, 2.0, ...
+        let h = half::f16::from_f32(1.0 + 0.5 * ((i + j) % 3) as f32);
+        blk[at..at + 2].copy_from_slice(&h.to_bits().to_le_bytes());
     }
 }
 
@@ -111,11 +150,7 @@ fn neon_equals_scalar_on_extreme_codes() {
                 _ => rng_bytes(ts, 7 + k as u64),
             };
             for (i, blk) in w.chunks_exact_mut(bw).enumerate() {
-                for (j, &at) in scale_fields(t).iter().enumerate() {
-                    // 1.0, 0.5, 1.5, ... and for the mins their own values
-                    let h = half::f16::from_f32(1.0 + 0.5 * ((i + j) % 3) as f32);
-                    blk[at..at + 2].copy_from_slice(&h.to_bits().to_le_bytes());
-                }
+                finite_scales(t, blk, i);
             }
             for xfill in 0..4u64 {
                 let mut x = rng_bytes(xs, 11 + wfill * 5 + xfill);
@@ -166,8 +201,12 @@ fn neon_rows_equal_scalar_rows() {
             let row = t.row_size(k).unwrap();
             for r in 0..n_rows {
                 let (wf, _) = pattern(r % PATTERNS, k, 3 + r as u64);
-                tessera_quants::quantize_row(t.id(), &wf, &mut w[r * row..(r + 1) * row], None)
-                    .unwrap();
+                // the i-quants that need an importance matrix get a flat one
+                let out = &mut w[r * row..(r + 1) * row];
+                if tessera_quants::quantize_row(t.id(), &wf, out, None).is_err() {
+                    let flat = vec![1f32; k];
+                    tessera_quants::quantize_row(t.id(), &wf, out, Some(&flat)).unwrap();
+                }
             }
             let (_, xf) = pattern(0, k, 99);
             let mut x = vec![0u8; vdt.row_size(k).unwrap()];

@@ -166,6 +166,53 @@ pub fn vec_dot_rows(
     }
 }
 
+/// The integer sums inside the lattice and small-float kernels (`qdot_iq2`, `qdot_iq13`,
+/// `qdot_fp`). They are exact, so every implementation returns the same numbers, and those
+/// files' generic code (the float arithmetic around the sums) runs unchanged on each: the
+/// scalar path with [`ScalarSums`], aarch64 with `qdot_neon::NeonSums`.
+pub(crate) trait IntSums {
+    /// Σ q8[e]·g[e] over 32 elements, g the signed bytes of four 8-element points (one
+    /// little-endian u64 each), element j of point l negated where bit j of `s[l]` is set; the
+    /// sums over points 0-1 and 2-3. Grid bytes are within ±127, so no negation wraps.
+    fn dot32(g: [u64; 4], s: [u8; 4], q8: &[u8]) -> [i32; 2];
+    /// Σ y[j]·fp4(lo nibble of q[j]) and Σ y[j + n]·fp4(hi nibble of q[j]), n = q.len() (8 or
+    /// 16), with ggml's doubled E2M1 values.
+    fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32);
+    /// Σ (code e − 1)·y[e] over 32 elements, the 2-bit code e at bit 2(e mod 4) of byte e/4.
+    fn q2_sum(qs: &[u8], y: &[u8]) -> i32;
+}
+
+/// [`IntSums`] element by element (ggml's generic loops).
+pub(crate) struct ScalarSums;
+
+impl IntSums for ScalarSums {
+    fn dot32(g: [u64; 4], s: [u8; 4], q8: &[u8]) -> [i32; 2] {
+        let mut out = [0i32; 2];
+        for (l, (gl, sl)) in g.iter().zip(s).enumerate() {
+            for (j, &b) in gl.to_le_bytes().iter().enumerate() {
+                let p = b as i8 as i32 * q8[8 * l + j] as i8 as i32;
+                out[l / 2] += if sl & (1 << j) != 0 { -p } else { p };
+            }
+        }
+        out
+    }
+
+    fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
+        super::qdot_fp::fp4_sums(q, y)
+    }
+
+    fn q2_sum(qs: &[u8], y: &[u8]) -> i32 {
+        (0..32)
+            .map(|e| ((qs[e / 4] >> (2 * (e % 4))) & 3) as i32 - 1)
+            .zip(&y[..32])
+            .map(|(q, &y)| q * y as i8 as i32)
+            .sum()
+    }
+}
+
+/// The signed bytes of an 8-element point of ones (`dot32` with it sums ±q8).
+pub(crate) const ONES8: u64 = 0x0101_0101_0101_0101;
+
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }

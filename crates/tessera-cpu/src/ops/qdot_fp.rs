@@ -20,14 +20,14 @@
 
 use tessera::DType;
 
-use crate::ops::qdot::f16_at;
+use crate::ops::qdot::{f16_at, IntSums, ScalarSums, ONES8};
 use crate::simd::Isa;
 
 /// Bytes of one q8_0 block: f16 scale, 32 signed quants.
 const Q8_0_SIZE: usize = 34;
 
 /// ggml's `kvalues_fp4`: the E2M1 values doubled (bit 3 is the sign).
-const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Weight types with an integer kernel here.
 pub fn supported(t: DType) -> bool {
@@ -54,8 +54,12 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         // weight blocks and the q8_0 blocks they meet (asserted above), all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        return scalar::vec_dot::<super::qdot_neon::NeonSums>(t, w, x, nb);
+    }
     let _ = isa;
-    scalar::vec_dot(t, w, x, nb)
+    scalar::vec_dot::<ScalarSums>(t, w, x, nb)
 }
 
 /// Half of the E8M0 scale, 2^(e−128), as ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
@@ -84,7 +88,7 @@ fn ue4m3_half(x: u8) -> f32 {
 }
 
 /// Σ y[j]·kvalues[lo nibble of q[j]] and Σ y[j + n]·kvalues[hi nibble of q[j]], n = q.len().
-fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
+pub(crate) fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
     let n = q.len();
     let (mut lo, mut hi) = (0i32, 0i32);
     for j in 0..n {
@@ -99,34 +103,34 @@ fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
 mod scalar {
     use super::*;
 
-    pub fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    pub fn vec_dot<I: IntSums>(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         let ts = t.type_size();
         let xs = (t.block_size() / 32) * Q8_0_SIZE;
         let blocks = w[..nb * ts]
             .chunks_exact(ts)
             .zip(x[..nb * xs].chunks_exact(xs));
         match t {
-            DType::MXFP4 => mxfp4(blocks),
-            DType::NVFP4 => nvfp4(blocks),
-            DType::Q1_0 => q1_0(blocks),
-            DType::Q2_0 => q2_0(blocks),
+            DType::MXFP4 => mxfp4::<I>(blocks),
+            DType::NVFP4 => nvfp4::<I>(blocks),
+            DType::Q1_0 => q1_0::<I>(blocks),
+            DType::Q2_0 => q2_0::<I>(blocks),
             _ => unreachable!("checked by the caller"),
         }
     }
 
     use crate::ops::qdot::scalar::Blocks;
 
-    fn mxfp4(blocks: Blocks) -> f32 {
+    fn mxfp4<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let d = f16_at(xb, 0) * e8m0_half(wb[0]);
-            let (s1, s2) = fp4_sums(&wb[1..17], &xb[2..34]);
+            let (s1, s2) = I::fp4_sums(&wb[1..17], &xb[2..34]);
             sumf += d * (s1 + s2) as f32;
         }
         sumf
     }
 
-    fn nvfp4(blocks: Blocks) -> f32 {
+    fn nvfp4<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             for s in 0..4 {
@@ -134,14 +138,14 @@ mod scalar {
                 let yb = &xb[(s / 2) * Q8_0_SIZE..][..Q8_0_SIZE];
                 let dy = f16_at(yb, 0);
                 let off = 2 + (s % 2) * 16;
-                let (lo, hi) = fp4_sums(&wb[4 + 8 * s..][..8], &yb[off..off + 16]);
+                let (lo, hi) = I::fp4_sums(&wb[4 + 8 * s..][..8], &yb[off..off + 16]);
                 sumf += dy * d * (lo + hi) as f32;
             }
         }
         sumf
     }
 
-    fn q1_0(blocks: Blocks) -> f32 {
+    fn q1_0<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let d0 = f16_at(wb, 0);
@@ -149,16 +153,9 @@ mod scalar {
             for (k, yb) in xb.chunks_exact(Q8_0_SIZE).enumerate() {
                 let bits = &wb[2 + 4 * k..][..4];
                 // bit e of the block's 32 is element e's sign: set +y, clear −y
-                let s: i32 = (0..32)
-                    .map(|e| {
-                        let y = yb[2 + e] as i8 as i32;
-                        if (bits[e / 8] >> (e % 8)) & 1 != 0 {
-                            y
-                        } else {
-                            -y
-                        }
-                    })
-                    .sum();
+                let minus = [0, 1, 2, 3].map(|l| !bits[l]);
+                let [a, b] = I::dot32([ONES8; 4], minus, &yb[2..34]);
+                let s = a + b;
                 sumi += f16_at(yb, 0) * s as f32;
             }
             sumf += d0 * sumi;
@@ -166,19 +163,14 @@ mod scalar {
         sumf
     }
 
-    fn q2_0(blocks: Blocks) -> f32 {
+    fn q2_0<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let d0 = f16_at(wb, 0);
             let mut sumi = 0f32;
             for (k, yb) in xb.chunks_exact(Q8_0_SIZE).enumerate() {
-                let qs = &wb[2 + 8 * k..][..8];
                 // element e: bits 2(e mod 4).. of byte e/4, 0..3 meaning -1..2
-                let s: i32 = (0..32)
-                    .map(|e| ((qs[e / 4] >> (2 * (e % 4))) & 3) as i32 - 1)
-                    .zip(&yb[2..34])
-                    .map(|(q, &y)| q * y as i8 as i32)
-                    .sum();
+                let s = I::q2_sum(&wb[2 + 8 * k..][..8], &yb[2..34]);
                 sumi += f16_at(yb, 0) * s as f32;
             }
             sumf += d0 * sumi;

@@ -23,6 +23,7 @@
 use tessera::DType;
 use tessera_quants::iq_grids::{IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 
+use crate::ops::qdot::{IntSums, ScalarSums, ONES8};
 use crate::simd::Isa;
 
 const QK_K: usize = 256;
@@ -56,8 +57,12 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         // blocks of their formats (asserted above), which is all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        return scalar::vec_dot::<super::qdot_neon::NeonSums>(t, w, x, nb);
+    }
     let _ = isa;
-    scalar::vec_dot(t, w, x, nb)
+    scalar::vec_dot::<ScalarSums>(t, w, x, nb)
 }
 
 fn f16_bits(h: u16) -> f32 {
@@ -104,16 +109,16 @@ fn iq1m_index(qs: u8, qh: &[u8], l: usize) -> usize {
 mod scalar {
     use super::*;
 
-    pub fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    pub fn vec_dot<I: IntSums>(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         let ts = t.type_size();
         let blocks = w[..nb * ts]
             .chunks_exact(ts)
             .zip(x[..nb * Q8_K_SIZE].chunks_exact(Q8_K_SIZE));
         match t {
-            DType::IQ3XXS => iq3_xxs(blocks),
-            DType::IQ3S => iq3_s(blocks),
-            DType::IQ1S => iq1_s(blocks),
-            DType::IQ1M => iq1_m(blocks),
+            DType::IQ3XXS => iq3_xxs::<I>(blocks),
+            DType::IQ3S => iq3_s::<I>(blocks),
+            DType::IQ1S => iq1_s::<I>(blocks),
+            DType::IQ1M => iq1_m::<I>(blocks),
             _ => unreachable!("checked by the caller"),
         }
     }
@@ -121,30 +126,12 @@ mod scalar {
     type Blocks<'a> =
         std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
 
-    /// Σ ±grid·q8 over 8 elements: the magnitudes of two 4-element grid points, `signs` bit j
-    /// negating element j.
-    fn signed_pair(g1: u32, g2: u32, signs: u8, q8: &[u8]) -> i32 {
-        let (g1, g2) = (g1.to_le_bytes(), g2.to_le_bytes());
-        let mut sumi = 0i32;
-        for j in 0..4 {
-            let s1 = if signs & (1 << j) != 0 { -1 } else { 1 };
-            let s2 = if signs & (1 << (j + 4)) != 0 { -1 } else { 1 };
-            sumi += g1[j] as i32 * q8[j] as i8 as i32 * s1;
-            sumi += g2[j] as i32 * q8[j + 4] as i8 as i32 * s2;
-        }
-        sumi
+    /// Two 4-element grid points (magnitudes) as one 8-element point.
+    fn pair(g1: u32, g2: u32) -> u64 {
+        g1 as u64 | (g2 as u64) << 32
     }
 
-    /// Σ grid·q8 over the 8 elements of one iq1 grid point (values -1..1).
-    fn grid8(g: u64, q8: &[u8]) -> i32 {
-        g.to_le_bytes()
-            .iter()
-            .zip(q8)
-            .map(|(&g, &q)| g as i8 as i32 * q as i8 as i32)
-            .sum()
-    }
-
-    fn iq3_xxs(blocks: Blocks) -> f32 {
+    fn iq3_xxs<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let d = f16_bits(u16_at(wb, 0)) * f32_at(xb, 0);
@@ -154,21 +141,23 @@ mod scalar {
                 // 4 × 7 sign bits, then the 4-bit scale
                 let aux = u32_at(gas, 4 * ib);
                 let ls = 2 * (aux >> 28) as i32 + 1;
-                let mut sumi = 0i32;
-                for l in 0..4 {
-                    let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                    let g1 = IQ3XXS_GRID[q3[8 * ib + 2 * l] as usize];
-                    let g2 = IQ3XXS_GRID[q3[8 * ib + 2 * l + 1] as usize];
-                    sumi += signed_pair(g1, g2, signs, &q8[32 * ib + 8 * l..]);
-                }
-                bsum += sumi * ls;
+                let q = &q3[8 * ib..];
+                let g = [0, 1, 2, 3].map(|l| {
+                    pair(
+                        IQ3XXS_GRID[q[2 * l] as usize],
+                        IQ3XXS_GRID[q[2 * l + 1] as usize],
+                    )
+                });
+                let s = [0, 1, 2, 3].map(|l| KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize]);
+                let [a, b] = I::dot32(g, s, &q8[32 * ib..]);
+                bsum += (a + b) * ls;
             }
             sumf += d * bsum as f32;
         }
         0.25 * sumf
     }
 
-    fn iq3_s(blocks: Blocks) -> f32 {
+    fn iq3_s<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let d = f16_bits(u16_at(wb, 0)) * f32_at(xb, 0);
@@ -177,21 +166,23 @@ mod scalar {
             let mut bsum = 0i32;
             for ib in 0..QK_K / 32 {
                 let ls = 2 * ((scales[ib / 2] >> (4 * (ib % 2))) & 15) as i32 + 1;
-                let mut sumi = 0i32;
-                for l in 0..4 {
-                    let q = &qs[8 * ib + 2 * l..];
-                    let g1 = IQ3S_GRID[iq3s_index(q[0], qh[ib], 2 * l)];
-                    let g2 = IQ3S_GRID[iq3s_index(q[1], qh[ib], 2 * l + 1)];
-                    sumi += signed_pair(g1, g2, signs[4 * ib + l], &q8[32 * ib + 8 * l..]);
-                }
-                bsum += sumi * ls;
+                let q = &qs[8 * ib..];
+                let g = [0, 1, 2, 3].map(|l| {
+                    pair(
+                        IQ3S_GRID[iq3s_index(q[2 * l], qh[ib], 2 * l)],
+                        IQ3S_GRID[iq3s_index(q[2 * l + 1], qh[ib], 2 * l + 1)],
+                    )
+                });
+                let s = [0, 1, 2, 3].map(|l| signs[4 * ib + l]);
+                let [a, b] = I::dot32(g, s, &q8[32 * ib..]);
+                bsum += (a + b) * ls;
             }
             sumf += d * bsum as f32;
         }
         sumf
     }
 
-    fn iq1_s(blocks: Blocks) -> f32 {
+    fn iq1_s<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let (qs, qh, q8) = (&wb[2..34], &wb[34..50], &xb[4..4 + QK_K]);
@@ -201,13 +192,9 @@ mod scalar {
                 let h = u16_at(qh, 2 * ib);
                 let ls = 2 * ((h >> 12) & 7) as i32 + 1;
                 let delta = if h & 0x8000 != 0 { -1 } else { 1 };
-                let lsum: i32 = (0..4)
-                    .map(|l| {
-                        let g = IQ1S_GRID[iq1s_index(qs[4 * ib + l], h, l)];
-                        grid8(g, &q8[32 * ib + 8 * l..])
-                    })
-                    .sum();
-                sumi += ls * lsum;
+                let g = [0, 1, 2, 3].map(|l| IQ1S_GRID[iq1s_index(qs[4 * ib + l], h, l)]);
+                let [a, b] = I::dot32(g, [0; 4], &q8[32 * ib..]);
+                sumi += ls * (a + b);
                 sumi1 += ls * delta * (bsum(2 * ib) + bsum(2 * ib + 1));
             }
             let s = sumi as f32 + IQ1_DELTA * sumi1 as f32;
@@ -216,29 +203,26 @@ mod scalar {
         sumf
     }
 
-    fn iq1_m(blocks: Blocks) -> f32 {
+    fn iq1_m<I: IntSums>(blocks: Blocks) -> f32 {
         let mut sumf = 0f32;
         for (wb, xb) in blocks {
             let (qs, qh, sc, q8) = (&wb[0..32], &wb[32..48], &wb[48..56], &xb[4..4 + QK_K]);
             let (mut sumi1, mut sumi2) = (0i32, 0i32);
             for ib in 0..QK_K / 32 {
                 let qh = &qh[2 * ib..2 * ib + 2];
-                // the shift's sign per group of 8: bit 3 or 7 of the group's qh nibble
-                let delta = |l: usize| {
+                let y = &q8[32 * ib..];
+                let g = [0, 1, 2, 3].map(|l| IQ1S_GRID[iq1m_index(qs[4 * ib + l], qh, l)]);
+                let sum1 = I::dot32(g, [0; 4], y);
+                // the shift's sign per group of 8 (bit 3 or 7 of the group's qh nibble) times
+                // the group's sum of activations
+                let minus = [0, 1, 2, 3].map(|l| {
                     if qh[l / 2] & (8 << (4 * (l % 2))) != 0 {
-                        -1
+                        0xff
                     } else {
-                        1
+                        0
                     }
-                };
-                let (mut sum1, mut sum2) = ([0i32; 2], [0i32; 2]);
-                for l in 0..4 {
-                    let y = &q8[32 * ib + 8 * l..][..8];
-                    let g = IQ1S_GRID[iq1m_index(qs[4 * ib + l], qh, l)];
-                    let lsum2: i32 = y.iter().map(|&q| q as i8 as i32).sum();
-                    sum1[l / 2] += grid8(g, y);
-                    sum2[l / 2] += lsum2 * delta(l);
-                }
+                });
+                let sum2 = I::dot32([ONES8; 4], minus, y);
                 let s = u16_at(sc, 2 * (ib / 2)) >> (6 * (ib % 2));
                 let ls1 = 2 * (s & 7) as i32 + 1;
                 let ls2 = 2 * ((s >> 3) & 7) as i32 + 1;

@@ -22,6 +22,7 @@
 use tessera::DType;
 use tessera_quants::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 
+use crate::ops::qdot::{IntSums, ScalarSums};
 use crate::simd::Isa;
 
 const QK_K: usize = 256;
@@ -57,16 +58,15 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         // blocks of their formats (asserted above), which is all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };
     }
-    let _ = isa;
     let blocks = w[..nb * ts]
         .chunks_exact(ts)
         .zip(x[..nb * Q8_K_SIZE].chunks_exact(Q8_K_SIZE));
-    let sumf = match t {
-        DType::IQ2XXS => scalar::sum(blocks, scalar::iq2_xxs),
-        DType::IQ2XS => scalar::sum(blocks, scalar::iq2_xs),
-        _ => scalar::sum(blocks, scalar::iq2_s),
-    };
-    0.125 * sumf
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        return 0.125 * scalar::sums::<super::qdot_neon::NeonSums>(t, blocks);
+    }
+    let _ = isa;
+    0.125 * scalar::sums::<ScalarSums>(t, blocks)
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -92,6 +92,15 @@ mod scalar {
     type Blocks<'a> =
         std::iter::Zip<std::slice::ChunksExact<'a, u8>, std::slice::ChunksExact<'a, u8>>;
 
+    /// The generic kernel of `t` with the integer sums of `I`.
+    pub fn sums<I: IntSums>(t: DType, blocks: Blocks) -> f32 {
+        match t {
+            DType::IQ2XXS => sum(blocks, iq2_xxs::<I>),
+            DType::IQ2XS => sum(blocks, iq2_xs::<I>),
+            _ => sum(blocks, iq2_s::<I>),
+        }
+    }
+
     /// `Σ d·bsum` over the blocks in order, d = f16 d · q8_K's d (ggml's `sumf`, before the
     /// final 1/8).
     pub fn sum(blocks: Blocks, bsum: fn(&[u8], &[u8]) -> i32) -> f32 {
@@ -103,69 +112,51 @@ mod scalar {
         sumf
     }
 
-    /// Σ grid·q8 over 8 elements, negated where the sign byte's bit is set.
-    fn group(grid: u64, signs: u8, q8: &[u8]) -> i32 {
-        let mut s = 0;
-        for (j, (&g, &q)) in grid.to_le_bytes().iter().zip(q8).enumerate() {
-            let p = g as i32 * q as i8 as i32;
-            s += if signs & (1 << j) != 0 { -p } else { p };
-        }
-        s
-    }
-
     /// Per 32 elements two words: four grid indices (bytes), then four 7-bit sign indices
     /// and the 4-bit scale on top.
-    pub fn iq2_xxs(wb: &[u8], q8: &[u8]) -> i32 {
+    pub fn iq2_xxs<I: IntSums>(wb: &[u8], q8: &[u8]) -> i32 {
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
             let (grids, signs) = (u32_at(wb, 2 + 8 * ib), u32_at(wb, 6 + 8 * ib));
-            let mut sumi = 0i32;
-            for l in 0..4 {
-                let grid = IQ2XXS_GRID[((grids >> (8 * l)) & 255) as usize];
-                let s = KSIGNS_IQ2XS[((signs >> (7 * l)) & 127) as usize];
-                sumi += group(grid, s, &q8[32 * ib + 8 * l..]);
-            }
-            bsum += sumi * (2 * (signs >> 28) as i32 + 1);
+            let g = [0, 1, 2, 3].map(|l| IQ2XXS_GRID[((grids >> (8 * l)) & 255) as usize]);
+            let s = [0, 1, 2, 3].map(|l| KSIGNS_IQ2XS[((signs >> (7 * l)) & 127) as usize]);
+            let [a, b] = I::dot32(g, s, &q8[32 * ib..]);
+            bsum += (a + b) * (2 * (signs >> 28) as i32 + 1);
         }
         bsum
     }
 
     /// Per group of 8 one u16: a 9-bit grid index and a 7-bit sign index; per 32 elements a
     /// byte of two 4-bit scales (elements 0..16, 16..32).
-    pub fn iq2_xs(wb: &[u8], q8: &[u8]) -> i32 {
+    pub fn iq2_xs<I: IntSums>(wb: &[u8], q8: &[u8]) -> i32 {
         let sc = &wb[2 + QK_K / 4..];
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
-            for half in 0..2 {
-                let mut sumi = 0i32;
-                for l in 2 * half..2 * half + 2 {
-                    let q2 = u16_at(wb, 2 + 8 * ib + 2 * l);
-                    let grid = IQ2XS_GRID[(q2 & 511) as usize];
-                    let s = KSIGNS_IQ2XS[(q2 >> 9) as usize];
-                    sumi += group(grid, s, &q8[32 * ib + 8 * l..]);
-                }
-                let ls = 2 * ((sc[ib] >> (4 * half)) & 15) as i32 + 1;
-                bsum += sumi * ls;
-            }
+            let q2 = [0, 1, 2, 3].map(|l| u16_at(wb, 2 + 8 * ib + 2 * l));
+            let g = q2.map(|q| IQ2XS_GRID[(q & 511) as usize]);
+            let s = q2.map(|q| KSIGNS_IQ2XS[(q >> 9) as usize]);
+            let [a, b] = I::dot32(g, s, &q8[32 * ib..]);
+            let ls = |half: usize| 2 * ((sc[ib] >> (4 * half)) & 15) as i32 + 1;
+            bsum += a * ls(0) + b * ls(1);
         }
         bsum
     }
 
     /// 32 bytes of grid indices' low 8 bits, 32 sign bytes, 8 bytes of the indices' top two
     /// bits (2 per group), 8 bytes of two 4-bit scales (per 16 elements).
-    pub fn iq2_s(wb: &[u8], q8: &[u8]) -> i32 {
+    pub fn iq2_s<I: IntSums>(wb: &[u8], q8: &[u8]) -> i32 {
         let (qs, signs) = (&wb[2..34], &wb[34..66]);
         let (qh, sc) = (&wb[66..74], &wb[74..82]);
         let mut bsum = 0i32;
         for ib in 0..QK_K / 32 {
-            let mut sumi = [0i32; 2];
-            for l in 0..4 {
-                let idx = qs[4 * ib + l] as usize | (((qh[ib] as usize) << (8 - 2 * l)) & 0x300);
-                sumi[l / 2] += group(IQ2S_GRID[idx], signs[4 * ib + l], &q8[32 * ib + 8 * l..]);
-            }
+            let g = [0, 1, 2, 3].map(|l| {
+                IQ2S_GRID[qs[4 * ib + l] as usize | (((qh[ib] as usize) << (8 - 2 * l)) & 0x300)]
+            });
+            let s = [0, 1, 2, 3].map(|l| signs[4 * ib + l]);
+            let [a, b] = I::dot32(g, s, &q8[32 * ib..]);
             let ls1 = 1 + 2 * (sc[ib] & 15) as i32;
             let ls2 = 1 + 2 * (sc[ib] >> 4) as i32;
-            bsum += ls1 * sumi[0] + ls2 * sumi[1];
+            bsum += ls1 * a + ls2 * b;
         }
         bsum
     }

@@ -1,5 +1,8 @@
 //! aarch64 NEON integer dot products for the quantized weight types, one weight row against one
-//! activation row (q8_0, q8_1 or q8_K, as `matmul_quant::vec_dot_type` pairs them).
+//! activation row (q8_0, q8_1 or q8_K, as `matmul_quant::vec_dot_type` pairs them): kernels of
+//! their own for q4_0, q4_1, q8_0, q5_0, q5_1, iq4_nl, q2_K … q6_K, iq4_xs, tq1_0 and tq2_0;
+//! for the lattice i-quants (iq1/iq2/iq3) and the small-float types (mxfp4, nvfp4, q1_0, q2_0)
+//! the NEON integer sums of [`NeonSums`] under those files' generic code.
 //!
 //! Each kernel returns exactly what the scalar path returns (ggml's generic C code, see
 //! `qdot.rs`): the integer sums are exact whatever the grouping, so NEON forms them 16 lanes at
@@ -26,29 +29,23 @@ use std::arch::aarch64::*;
 
 use tessera::DType;
 
-use super::qdot::{k4_scales_mins, q3k_scales, KVALUES_IQ4NL};
+use super::qdot::{k4_scales_mins, q3k_scales, IntSums, KVALUES_IQ4NL};
+use super::qdot_fp::KVALUES_FP4;
 
 const QK_K: usize = 256;
 
-/// Weight types with a NEON kernel here (the others run the scalar path on aarch64).
+/// Weight types with NEON integer sums: every type with an integer kernel (`matmul_quant`'s
+/// three and `qdot`'s eleven with kernels here; the lattice i-quants and the small-float types
+/// through [`NeonSums`]).
 pub fn covers(t: DType) -> bool {
     use DType::*;
-    matches!(
-        t,
-        Q4_0 | Q4_1
-            | Q8_0
-            | Q5_0
-            | Q5_1
-            | IQ4NL
-            | Q2K
-            | Q3K
-            | Q4K
-            | Q5K
-            | Q6K
-            | IQ4XS
-            | TQ1_0
-            | TQ2_0
-    )
+    let own = [
+        Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4NL, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4XS, TQ1_0, TQ2_0,
+    ];
+    own.contains(&t)
+        || super::qdot_iq2::supported(t)
+        || super::qdot_iq13::supported(t)
+        || super::qdot_fp::supported(t)
 }
 
 #[inline(always)]
@@ -555,4 +552,79 @@ unsafe fn tq2_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
         }
     }
     sumf
+}
+
+/// [`IntSums`] with NEON: the lattice and small-float types (`qdot_iq2`, `qdot_iq13`,
+/// `qdot_fp`) run their generic code with these sums (the same integers, so the same results).
+pub(crate) struct NeonSums;
+
+impl IntSums for NeonSums {
+    fn dot32(g: [u64; 4], s: [u8; 4], q8: &[u8]) -> [i32; 2] {
+        assert!(q8.len() >= 32, "dot32: {} activations", q8.len());
+        let mut out = [0i32; 2];
+        // SAFETY: NEON is part of every AArch64 CPU; q8 holds 32 bytes (asserted).
+        unsafe {
+            for (h, o) in out.iter_mut().enumerate() {
+                let gv = vcombine_s8(vcreate_s8(g[2 * h]), vcreate_s8(g[2 * h + 1]));
+                let m = s8(bit_masks(s[2 * h] as u16 | (s[2 * h + 1] as u16) << 8));
+                // (g ^ m) − m: −g where the mask is set (|g| ≤ 127)
+                let v = vsubq_s8(veorq_s8(gv, m), m);
+                // |product| ≤ 127·128: two a lane
+                *o = vaddlvq_s16(mul16(v, i8x16(q8.as_ptr().add(16 * h))));
+            }
+        }
+        out
+    }
+
+    fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
+        let n = q.len();
+        assert!(
+            (n == 8 || n == 16) && y.len() >= 2 * n,
+            "fp4_sums: {n} codes, {} activations",
+            y.len()
+        );
+        // SAFETY: NEON is part of every AArch64 CPU; q holds n and y 2n bytes (asserted).
+        unsafe {
+            let kv = vld1q_s8(KVALUES_FP4.as_ptr());
+            // |product| ≤ 12·128
+            if n == 16 {
+                let v = u8x16(q.as_ptr());
+                let lo = vqtbl1q_s8(kv, vandq_u8(v, vdupq_n_u8(15)));
+                let hi = vqtbl1q_s8(kv, vshrq_n_u8::<4>(v));
+                let (y0, y1) = (i8x16(y.as_ptr()), i8x16(y.as_ptr().add(16)));
+                (vaddlvq_s16(mul16(lo, y0)), vaddlvq_s16(mul16(hi, y1)))
+            } else {
+                let v = vld1_u8(q.as_ptr());
+                let lo = vqtbl1_s8(kv, vand_u8(v, vdup_n_u8(15)));
+                let hi = vqtbl1_s8(kv, vshr_n_u8::<4>(v));
+                let y0 = vld1_s8(y.as_ptr() as *const i8);
+                let y1 = vld1_s8(y.as_ptr().add(8) as *const i8);
+                (vaddlvq_s16(vmull_s8(lo, y0)), vaddlvq_s16(vmull_s8(hi, y1)))
+            }
+        }
+    }
+
+    fn q2_sum(qs: &[u8], y: &[u8]) -> i32 {
+        assert!(qs.len() >= 8 && y.len() >= 32, "q2_sum: short rows");
+        // byte e/4 for elements e = 0..16 and 16..32, then the code's bit offset 2(e mod 4)
+        const SPREAD: [[u8; 16]; 2] = [
+            [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
+            [4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7],
+        ];
+        const SHIFTS: [i8; 16] = [0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6];
+        // SAFETY: NEON is part of every AArch64 CPU; qs holds 8 and y 32 bytes (asserted).
+        unsafe {
+            let v = vcombine_u8(vld1_u8(qs.as_ptr()), vdup_n_u8(0));
+            let shifts = vld1q_s8(SHIFTS.as_ptr());
+            let mut p = vdupq_n_s16(0);
+            for (h, spread) in SPREAD.iter().enumerate() {
+                let b = vqtbl1q_u8(v, vld1q_u8(spread.as_ptr()));
+                let c = vandq_u8(vshlq_u8(b, shifts), vdupq_n_u8(3));
+                let q = vsubq_s8(s8(c), vdupq_n_s8(1));
+                // |product| ≤ 2·128: four a lane
+                p = vaddq_s16(p, mul16(q, i8x16(y.as_ptr().add(16 * h))));
+            }
+            vaddlvq_s16(p)
+        }
+    }
 }
