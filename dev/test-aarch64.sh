@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The aarch64 NEON kernels on an x86_64 machine: cross-builds tessera-cpu's NEON tests (and the
 # quantized mat-vec tests, which then run on NEON) for aarch64-unknown-linux-gnu and runs them
-# under qemu-aarch64, first as a CPU with every extension qemu has (-cpu max), then as a
-# baseline ARMv8.0 core (-cpu cortex-a53). Installs what it needs (Debian's qemu-user and
+# under qemu-aarch64, first as a CPU with every extension qemu has (-cpu max: SDOT), then as a
+# baseline ARMv8.0 core (-cpu cortex-a53: no SDOT). Installs what it needs (Debian's qemu-user and
 # aarch64 cross gcc, rustup's aarch64 standard library) and fails if it cannot.
 # On an aarch64 machine, plain `cargo test -p tessera-cpu` runs the same tests natively.
 set -euo pipefail
@@ -31,8 +31,10 @@ fi
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 sysroot=/usr/aarch64-linux-gnu
-for cpu in max cortex-a53; do
-  echo "== aarch64 tests under qemu-aarch64 -cpu $cpu" >&2
-  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L $sysroot" \
+# -cpu max has SDOT (the dot-product extension), cortex-a53 has not: both kernel variants run
+for cpu in max:1 cortex-a53:0; do
+  echo "== aarch64 tests under qemu-aarch64 -cpu ${cpu%:*}" >&2
+  TESSERA_EXPECT_DOTPROD=${cpu#*:} \
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu ${cpu%:*} -L $sysroot" \
     cargo test -p tessera-cpu --target "$target" --lib --test neon --test qdot --test matmul_quant
 done

@@ -3,9 +3,10 @@
 //!
 //! These tests exist only on aarch64. On x86_64 machines they run under user-mode emulation:
 //! `.ci/run` cross-builds this file for `aarch64-unknown-linux-gnu` and runs it with
-//! `qemu-aarch64` twice, once as a CPU with dot-product instructions (`-cpu max`) and once as a
-//! baseline ARMv8.0 core (`-cpu cortex-a53`); the kernels use baseline NEON only, so both runs
-//! take the same path and must agree.
+//! `qemu-aarch64` twice, once as a CPU with the dot-product instruction SDOT (`-cpu max`) and
+//! once as a baseline ARMv8.0 core (`-cpu cortex-a53`): the kernels that sum whole blocks take
+//! SDOT where the CPU has it and `vmull_s8` where not, and both must give the scalar path's
+//! bits.
 #![cfg(target_arch = "aarch64")]
 
 use tessera::DType;
@@ -58,6 +59,15 @@ fn dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 #[test]
 fn the_process_runs_neon() {
     assert_eq!(tessera_cpu::simd::isa(), Isa::Neon);
+    // dev/test-aarch64.sh runs this file on an emulated CPU with SDOT and on one without, and
+    // says which, so that both kernel variants are known to have run
+    if let Ok(v) = std::env::var("TESSERA_EXPECT_DOTPROD") {
+        assert_eq!(
+            qdot_neon::has_dotprod(),
+            v == "1",
+            "TESSERA_EXPECT_DOTPROD={v}"
+        );
+    }
     for t in TYPES {
         assert!(qdot_neon::covers(t), "{t}");
     }

@@ -85,6 +85,54 @@ unsafe fn mul16(a: int8x16_t, b: int8x16_t) -> int16x8_t {
     unsafe { vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), a, b) }
 }
 
+/// `acc` plus the 16 products `a·b`, four consecutive ones into each 32-bit lane: SDOT, the
+/// Armv8.2 dot-product instruction. Only for functions compiled with `dotprod`.
+#[inline(always)]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register arithmetic; the callers run only where the CPU has `dotprod`.
+    unsafe {
+        std::arch::asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// `Σ a·b + Σ c·d` over two 16-lane pairs. With SDOT (`D`) the products go straight into
+/// 32-bit lanes; without, into 16-bit lanes, four a lane (the callers keep `|product| ≤ 8191`)
+/// or, `wide`, two a lane with each pair widened on its own (`|product| ≤ 16383`).
+#[inline(always)]
+unsafe fn sum32<const D: bool>(
+    a: int8x16_t,
+    b: int8x16_t,
+    c: int8x16_t,
+    d: int8x16_t,
+    wide: bool,
+) -> i32 {
+    unsafe {
+        if D {
+            vaddvq_s32(sdot(sdot(vdupq_n_s32(0), a, b), c, d))
+        } else if wide {
+            vaddlvq_s16(mul16(a, b)) + vaddlvq_s16(mul16(c, d))
+        } else {
+            vaddlvq_s16(vaddq_s16(mul16(a, b), mul16(c, d)))
+        }
+    }
+}
+
+/// Whether this CPU has SDOT (`dotprod`), asked once. The kernels that sum whole blocks use it
+/// when present; the eight-lane k-quant kernels (q3_K … q6_K) need element e in lane e mod 8,
+/// which SDOT's groups of four do not give, and use `vmull_s8` everywhere.
+pub fn has_dotprod() -> bool {
+    static D: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *D.get_or_init(|| std::arch::is_aarch64_feature_detected!("dotprod"))
+}
+
 /// `acc[l] += s·p[l]`, 32-bit lanes 0..8 (lane `l` of the generic code's `aux32`).
 #[inline(always)]
 unsafe fn scale_add(acc: &mut [int32x4_t; 2], p: int16x8_t, s: i16) {
@@ -138,8 +186,31 @@ unsafe fn add_lanes(mut sumf: f32, sums: [float32x4_t; 2]) -> f32 {
 ///
 /// # Safety
 /// `w` and `x` hold `nb` blocks of their formats.
-#[target_feature(enable = "neon")]
 pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    // SAFETY: the caller's guarantee; SDOT only where the CPU has it.
+    unsafe {
+        if has_dotprod() {
+            legacy_sdot(t, w, x, nb)
+        } else {
+            legacy_base(t, w, x, nb)
+        }
+    }
+}
+
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn legacy_sdot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { legacy::<true>(t, w, x, nb) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn legacy_base(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { legacy::<false>(t, w, x, nb) }
+}
+
+#[inline(always)]
+unsafe fn legacy<const D: bool>(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut sum = 0f32;
     // SAFETY: every load below stays inside block i of its row, i < nb.
@@ -153,9 +224,8 @@ pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> 
                     let v = u8x16(wb.add(2));
                     let lo = vsubq_s8(s8(vandq_u8(v, m4)), eight);
                     let hi = vsubq_s8(s8(vshrq_n_u8::<4>(v)), eight);
-                    // |product| ≤ 8·128: four a lane
-                    let p = vaddq_s16(mul16(lo, i8x16(xb.add(2))), mul16(hi, i8x16(xb.add(18))));
-                    let s = vaddlvq_s16(p);
+                    // |product| ≤ 8·128
+                    let s = sum32::<D>(lo, i8x16(xb.add(2)), hi, i8x16(xb.add(18)), false);
                     sum += f16_at(wb) * f16_at(xb) * s as f32;
                 }
             }
@@ -165,9 +235,8 @@ pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> 
                     let v = u8x16(wb.add(4));
                     let lo = s8(vandq_u8(v, m4));
                     let hi = s8(vshrq_n_u8::<4>(v));
-                    // |product| ≤ 15·128: four a lane
-                    let p = vaddq_s16(mul16(lo, i8x16(xb.add(4))), mul16(hi, i8x16(xb.add(20))));
-                    let s = vaddlvq_s16(p);
+                    // |product| ≤ 15·128
+                    let s = sum32::<D>(lo, i8x16(xb.add(4)), hi, i8x16(xb.add(20)), false);
                     sum +=
                         f16_at(wb) * f16_at(xb) * s as f32 + f16_at(wb.add(2)) * f16_at(xb.add(2));
                 }
@@ -175,12 +244,17 @@ pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> 
             DType::Q8_0 => {
                 for i in 0..nb {
                     let (wb, xb) = (wp.add(i * 34), xp.add(i * 34));
-                    // |product| ≤ 128·128: each widened to 32 bits before the next is added
+                    // |product| ≤ 128·128: without SDOT each widened to 32 bits before the
+                    // next is added
                     let mut acc = vdupq_n_s32(0);
                     for h in 0..2 {
                         let (a, b) = (i8x16(wb.add(2 + 16 * h)), i8x16(xb.add(2 + 16 * h)));
-                        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
-                        acc = vpadalq_s16(acc, vmull_high_s8(a, b));
+                        if D {
+                            acc = sdot(acc, a, b);
+                        } else {
+                            acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+                            acc = vpadalq_s16(acc, vmull_high_s8(a, b));
+                        }
                     }
                     sum += f16_at(wb) * f16_at(xb) * vaddvq_s32(acc) as f32;
                 }
@@ -195,23 +269,46 @@ pub(crate) unsafe fn vec_dot_legacy(t: DType, w: &[u8], x: &[u8], nb: usize) -> 
 ///
 /// # Safety
 /// `w` and `x` hold `nb` blocks of their formats.
-#[target_feature(enable = "neon")]
 pub(crate) unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<f32> {
+    // SAFETY: the caller's guarantee; SDOT only where the CPU has it.
+    unsafe {
+        if has_dotprod() {
+            qdot_sdot(t, w, x, nb)
+        } else {
+            qdot_base(t, w, x, nb)
+        }
+    }
+}
+
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn qdot_sdot(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<f32> {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { qdot_kernels::<true>(t, w, x, nb) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn qdot_base(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<f32> {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { qdot_kernels::<false>(t, w, x, nb) }
+}
+
+#[inline(always)]
+unsafe fn qdot_kernels<const D: bool>(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<f32> {
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     // SAFETY: the caller's guarantee, passed on.
     unsafe {
         Some(match t {
-            DType::Q5_0 => q5(wp, xp, nb, false),
-            DType::Q5_1 => q5(wp, xp, nb, true),
-            DType::IQ4NL => iq4_nl(wp, xp, nb),
-            DType::Q2K => q2_k(wp, xp, nb),
+            DType::Q5_0 => q5::<D>(wp, xp, nb, false),
+            DType::Q5_1 => q5::<D>(wp, xp, nb, true),
+            DType::IQ4NL => iq4_nl::<D>(wp, xp, nb),
+            DType::Q2K => q2_k::<D>(wp, xp, nb),
             DType::Q3K => q3_k(wp, xp, nb),
             DType::Q4K => q4_k(wp, xp, nb, false),
             DType::Q5K => q4_k(wp, xp, nb, true),
             DType::Q6K => q6_k(wp, xp, nb),
-            DType::IQ4XS => iq4_xs(wp, xp, nb),
-            DType::TQ1_0 => tq1_0(wp, xp, nb),
-            DType::TQ2_0 => tq2_0(wp, xp, nb),
+            DType::IQ4XS => iq4_xs::<D>(wp, xp, nb),
+            DType::TQ1_0 => tq1_0::<D>(wp, xp, nb),
+            DType::TQ2_0 => tq2_0::<D>(wp, xp, nb),
             _ => return None,
         })
     }
@@ -219,7 +316,7 @@ pub(crate) unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> Option<
 
 /// q5_0 against q8_0, or q5_1 against q8_1 (`one`).
 #[inline(always)]
-unsafe fn q5(wp: *const u8, xp: *const u8, nb: usize, one: bool) -> f32 {
+unsafe fn q5<const D: bool>(wp: *const u8, xp: *const u8, nb: usize, one: bool) -> f32 {
     let (wsize, xsize, qh_at) = if one { (24, 36, 4) } else { (22, 34, 2) };
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside block i of each row (i < nb).
@@ -240,8 +337,8 @@ unsafe fn q5(wp: *const u8, xp: *const u8, nb: usize, one: bool) -> f32 {
                 (vsubq_s8(s8(lo), s8(b4)), vsubq_s8(s8(hi), s8(b4)))
             };
             let y = xb.add(if one { 4 } else { 2 });
-            // |product| ≤ 31·128: four a lane
-            let s = vaddlvq_s16(vaddq_s16(mul16(lo, i8x16(y)), mul16(hi, i8x16(y.add(16)))));
+            // |product| ≤ 31·128
+            let s = sum32::<D>(lo, i8x16(y), hi, i8x16(y.add(16)), false);
             let scaled = (f16_at(wb) * f16_at(xb)) * s as f32;
             if one {
                 sumf += scaled + f16_at(wb.add(2)) * f16_at(xb.add(2));
@@ -259,19 +356,19 @@ unsafe fn iq4(kv: int8x16_t, nibbles: uint8x16_t) -> int8x16_t {
     unsafe { vqtbl1q_s8(kv, nibbles) }
 }
 
-/// Σ of 32 products of iq4 values with q8 codes: |product| ≤ 127·128, two a 16-bit lane,
-/// each half widened on its own.
+/// Σ of 32 products of iq4 values with q8 codes (|product| ≤ 127·128).
 #[inline(always)]
-unsafe fn iq4_block(kv: int8x16_t, q: *const u8, y: *const u8) -> i32 {
+unsafe fn iq4_block<const D: bool>(kv: int8x16_t, q: *const u8, y: *const u8) -> i32 {
     unsafe {
         let v = u8x16(q);
         let lo = iq4(kv, vandq_u8(v, vdupq_n_u8(15)));
         let hi = iq4(kv, vshrq_n_u8::<4>(v));
-        vaddlvq_s16(mul16(lo, i8x16(y))) + vaddlvq_s16(mul16(hi, i8x16(y.add(16))))
+        sum32::<D>(lo, i8x16(y), hi, i8x16(y.add(16)), true)
     }
 }
 
-unsafe fn iq4_nl(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+#[inline(always)]
+unsafe fn iq4_nl<const D: bool>(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside block i of each row (i < nb).
     unsafe {
@@ -279,13 +376,14 @@ unsafe fn iq4_nl(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
         for i in 0..nb {
             let (wb, xb) = (wp.add(i * 18), xp.add(i * 34));
             let d = f16_at(xb) * f16_at(wb);
-            sumf += d * iq4_block(kv, wb.add(2), xb.add(2)) as f32;
+            sumf += d * iq4_block::<D>(kv, wb.add(2), xb.add(2)) as f32;
         }
     }
     sumf
 }
 
-unsafe fn iq4_xs(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+#[inline(always)]
+unsafe fn iq4_xs<const D: bool>(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside superblock i of each row (i < nb).
     unsafe {
@@ -304,7 +402,7 @@ unsafe fn iq4_xs(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
                     v
                 };
                 let dl = d4d8 * (ls as i32 - 32) as f32;
-                let s = iq4_block(kv, wb.add(8 + 16 * ib), xb.add(4 + 32 * ib));
+                let s = iq4_block::<D>(kv, wb.add(8 + 16 * ib), xb.add(4 + 32 * ib));
                 sumf += dl * s as f32;
             }
         }
@@ -324,7 +422,8 @@ unsafe fn bsums_dot(xb: *const u8, f: impl Fn(usize) -> i32) -> i32 {
     s
 }
 
-unsafe fn q2_k(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+#[inline(always)]
+unsafe fn q2_k<const D: bool>(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside superblock i of each row (i < nb).
     unsafe {
@@ -342,9 +441,14 @@ unsafe fn q2_k(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
                     for half in 0..2 {
                         let a = vandq_u8(shr(u8x16(q2.add(h * 32 + half * 16)), 2 * j), m3);
                         let y = i8x16(q8.add(h * 128 + j * 32 + half * 16));
-                        // |product| ≤ 3·128: two a lane
+                        // |product| ≤ 3·128: two a 16-bit lane without SDOT
                         let d = (*sc.add(h * 8 + j * 2 + half) & 15) as i16;
-                        scale_add(&mut acc, mul16(s8(a), y), d);
+                        if D {
+                            let p = sdot(vdupq_n_s32(0), s8(a), y);
+                            acc[0] = vmlaq_n_s32(acc[0], p, d as i32);
+                        } else {
+                            scale_add(&mut acc, mul16(s8(a), y), d);
+                        }
                     }
                 }
             }
@@ -496,7 +600,8 @@ unsafe fn trits(b: uint8x16_t, pow3: u8) -> int8x16_t {
     }
 }
 
-unsafe fn tq1_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+#[inline(always)]
+unsafe fn tq1_0<const D: bool>(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     const POW3: [u8; 5] = [1, 3, 9, 27, 81];
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside superblock i of each row (i < nb).
@@ -504,17 +609,26 @@ unsafe fn tq1_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
         for i in 0..nb {
             let (wb, xb) = (wp.add(i * 54), xp.add(i * 292));
             let q8 = xb.add(4);
-            // |product| ≤ 128: the 16-bit lanes take 15 blocks of two before widening
-            let mut p = vdupq_n_s16(0);
+            // |product| ≤ 128: without SDOT the 16-bit lanes take 15 blocks of two before
+            // widening
+            let (mut p, mut p32) = (vdupq_n_s16(0), vdupq_n_s32(0));
+            let mut add = |t: int8x16_t, y: int8x16_t| {
+                if D {
+                    p32 = sdot(p32, t, y);
+                } else {
+                    p = vaddq_s16(p, mul16(t, y));
+                }
+            };
             for (l, &pw) in POW3.iter().enumerate() {
                 for c in 0..2 {
-                    let t = trits(u8x16(wb.add(16 * c)), pw);
-                    p = vaddq_s16(p, mul16(t, i8x16(q8.add(l * 32 + 16 * c))));
+                    add(
+                        trits(u8x16(wb.add(16 * c)), pw),
+                        i8x16(q8.add(l * 32 + 16 * c)),
+                    );
                 }
-                let t = trits(u8x16(wb.add(32)), pw);
-                p = vaddq_s16(p, mul16(t, i8x16(q8.add(160 + l * 16))));
+                add(trits(u8x16(wb.add(32)), pw), i8x16(q8.add(160 + l * 16)));
             }
-            let mut sum = vaddlvq_s16(p);
+            let mut sum = vaddlvq_s16(p) + vaddvq_s32(p32);
             for (l, &pw) in POW3[..4].iter().enumerate() {
                 for j in 0..4 {
                     let b = *wb.add(48 + j);
@@ -528,7 +642,8 @@ unsafe fn tq1_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     sumf
 }
 
-unsafe fn tq2_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
+#[inline(always)]
+unsafe fn tq2_0<const D: bool>(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     // SAFETY: the loads stay inside superblock i of each row (i < nb).
     unsafe {
@@ -536,19 +651,23 @@ unsafe fn tq2_0(wp: *const u8, xp: *const u8, nb: usize) -> f32 {
         for i in 0..nb {
             let (wb, xb) = (wp.add(i * 66), xp.add(i * 292));
             let q8 = xb.add(4);
-            // |product| ≤ 128: sixteen blocks of two a lane stay below 2^13
-            let mut p = vdupq_n_s16(0);
+            // |product| ≤ 128: without SDOT sixteen blocks of two a lane stay below 2^13
+            let (mut p, mut p32) = (vdupq_n_s16(0), vdupq_n_s32(0));
             for j in [0, 32] {
                 for l in 0..4 {
                     for c in 0..2 {
                         let v = vandq_u8(shr(u8x16(wb.add(j + 16 * c)), 2 * l), m3);
-                        let y = i8x16(q8.add(j * 4 + l * 32 + 16 * c));
-                        p = vaddq_s16(p, mul16(vsubq_s8(s8(v), one), y));
+                        let (v, y) = (vsubq_s8(s8(v), one), i8x16(q8.add(j * 4 + l * 32 + 16 * c)));
+                        if D {
+                            p32 = sdot(p32, v, y);
+                        } else {
+                            p = vaddq_s16(p, mul16(v, y));
+                        }
                     }
                 }
             }
             let d = f32_at(xb) * f16_at(wb.add(64));
-            sumf += vaddlvq_s16(p) as f32 * d;
+            sumf += (vaddlvq_s16(p) + vaddvq_s32(p32)) as f32 * d;
         }
     }
     sumf
