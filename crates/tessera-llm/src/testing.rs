@@ -123,31 +123,12 @@ pub fn tiny_model(arch: &str, vocab: &GgufFile) -> Vec<u8> {
 
 /// llama.cpp's greedy continuation of "Once upon a time" on the default model (SmolLM2-135M-
 /// Instruct Q4_1): this workspace's llama-cpp-python 0.3.36 vendor copy built for an AVX2
-/// machine, flash attention on, f16 KV cache; 48 ids, the same at 1 and 2 threads.
+/// machine, flash attention on, f16 KV cache; 48 ids, the same at 1 and 2 threads. Tessera
+/// gives them on every instruction set: its AVX2 kernels, the portable path
+/// (`TESSERA_ISA=scalar`) and aarch64's NEON kernels all compute ggml's AVX2 arithmetic for this
+/// model's types (q4_1, q8_0 and the float ops).
 pub const GREEDY_LLAMA_CPP_AVX2: [u32; 48] = [
     28, 260, 2240, 282, 1315, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055,
     9018, 30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624, 2798, 9615, 30,
     378, 2268, 29, 37314, 3422, 1439, 282, 260, 2240, 2585, 288, 42234, 28, 5170,
 ];
-
-/// The same continuation on Tessera's portable path (`TESSERA_ISA=scalar` on x86_64, and
-/// aarch64 with or without NEON, whose integer dot products give the portable path's bits):
-/// the same ids on both machines, checked by hand under qemu (README, "Other CPUs"). No
-/// llama.cpp build reproduces them: they leave the AVX2 ids at the fifth ("Nova" for "New"),
-/// and llama.cpp's own generic build leaves them later; they pin the portable path's numerics,
-/// so that a change to them shows.
-pub const GREEDY_PORTABLE: [u32; 48] = [
-    28, 260, 2240, 282, 23324, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055,
-    9018, 30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624, 2798, 9615, 30,
-    378, 2268, 29, 16591, 20215, 282, 260, 3925, 2591, 2585, 288, 25858, 28, 284,
-];
-
-/// The greedy continuation of "Once upon a time" this process's kernels produce on the default
-/// model: llama.cpp's AVX2 ids where Tessera runs its AVX2 kernels, else the portable path's.
-pub fn greedy_reference() -> &'static [u32; 48] {
-    use tessera_cpu::Isa;
-    match tessera_cpu::simd::isa() {
-        Isa::Avx2 | Isa::Avx512 => &GREEDY_LLAMA_CPP_AVX2,
-        Isa::Scalar | Isa::Neon => &GREEDY_PORTABLE,
-    }
-}

@@ -60,24 +60,16 @@ fn greedy(model: &Arc<Model>, threads: usize, n: usize) -> Vec<u32> {
 fn greedy_continuation_matches_llama_cpp_token_for_token() {
     let Some(path) = model_path() else { return };
     let model = Arc::new(Model::load(&path).unwrap());
-    let isa = tessera_cpu::simd::isa();
-    let want = tessera_llm::testing::greedy_reference();
+    // on every ISA (the portable path and NEON compute ggml's AVX2 arithmetic for this model;
+    // .ci/run runs this test again with TESSERA_ISA=scalar)
+    let isa = tessera_cpu::simd::isa().name();
     for threads in [1, 2] {
         let got = greedy(&model, threads, 48);
-        if want == &LLAMA_CPP_AVX2 {
-            assert_eq!(&got[..31], &LLAMA_CPP_ISSUE, "{threads} threads");
-        } else {
-            // the portable path (scalar, or aarch64's NEON with the scalar path's bits) is not
-            // llama.cpp's arithmetic: its own pinned ids (see `testing::GREEDY_PORTABLE`)
-            eprintln!(
-                "note: ISA {}: the portable path's ids, not llama.cpp's",
-                isa.name()
-            );
-        }
-        assert_eq!(&got[..], &want[..], "{threads} threads, ISA {}", isa.name());
+        assert_eq!(&got[..31], &LLAMA_CPP_ISSUE, "{threads} threads, {isa}");
+        assert_eq!(got, LLAMA_CPP_AVX2, "{threads} threads, {isa}");
         let text = model.tokenizer.decode(&got);
         assert!(
-            text.starts_with(", the city of ") && text.contains(" Haven was a thriving metropolis"),
+            text.starts_with(", the city of New Haven was a thriving metropolis"),
             "{text}"
         );
     }

@@ -668,47 +668,60 @@ pub fn vec_dot_4x3(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 3], k: usize) -
     x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
 }
 
-/// The reference (scalar) integer dot products.
+/// ggml's `hsum_float_8`: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline]
+pub(crate) fn hsum8(l: [f32; 8]) -> f32 {
+    let r = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// The portable integer dot products of q4_0, q4_1 and q8_0, in the arithmetic of ggml's AVX2
+/// kernels (what llama.cpp runs on x86): per block the exact integer sums of elements 4l..4l+3
+/// in eight lanes l (AVX2's `maddubs` + `madd`), each lane converted and fused-multiply-added
+/// with the block's scale product into its own float lane, q4_1's min terms in a fused scalar
+/// chain, and ggml's eight-lane horizontal sum at the end. So every ISA gives the AVX2 kernel's
+/// bits (tested on x86 against it; NEON forms the same lanes), and the portable path's tokens are
+/// llama.cpp's on x86 (the activations' codes are within ±127, where ggml's sign trick is exact).
 pub fn vec_dot_scalar(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 32;
-    let mut sum = 0f32;
-    match t {
-        DType::Q4_0 => {
-            for i in 0..nb {
-                let (wb, xb) = (&w[i * 18..i * 18 + 18], &x[i * 34..i * 34 + 34]);
-                let mut s = 0i32;
-                for j in 0..16 {
-                    let (lo, hi) = ((wb[2 + j] & 15) as i32 - 8, (wb[2 + j] >> 4) as i32 - 8);
-                    s += lo * xb[2 + j] as i8 as i32 + hi * xb[2 + 16 + j] as i8 as i32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for i in 0..nb {
+        let (q, y, d): ([i32; 32], &[u8], f32) = match t {
+            DType::Q4_0 | DType::Q4_1 => {
+                let (ws, xs, off) = if t == DType::Q4_0 {
+                    (18, 34, 8)
+                } else {
+                    (20, 36, 0)
+                };
+                let (wb, xb) = (&w[i * ws..(i + 1) * ws], &x[i * xs..(i + 1) * xs]);
+                let qs = &wb[ws - 16..];
+                let q = std::array::from_fn(|e| {
+                    let b = qs[e % 16];
+                    (if e < 16 { b & 15 } else { b >> 4 }) as i32 - off
+                });
+                if t == DType::Q4_1 {
+                    // gcc fuses ggml's `summs += m·s`
+                    summs = f16(wb, 2).mul_add(f16(xb, 2), summs);
                 }
-                sum += f16(wb, 0) * f16(xb, 0) * s as f32;
+                (q, &xb[xs - 32..], f16(wb, 0) * f16(xb, 0))
             }
-        }
-        DType::Q4_1 => {
-            for i in 0..nb {
-                let (wb, xb) = (&w[i * 20..i * 20 + 20], &x[i * 36..i * 36 + 36]);
-                let mut s = 0i32;
-                for j in 0..16 {
-                    let (lo, hi) = ((wb[4 + j] & 15) as i32, (wb[4 + j] >> 4) as i32);
-                    s += lo * xb[4 + j] as i8 as i32 + hi * xb[4 + 16 + j] as i8 as i32;
-                }
-                sum += f16(wb, 0) * f16(xb, 0) * s as f32 + f16(wb, 2) * f16(xb, 2);
-                // scalar reference: ggml's generic order
-            }
-        }
-        DType::Q8_0 => {
-            for i in 0..nb {
+            DType::Q8_0 => {
                 let (wb, xb) = (&w[i * 34..i * 34 + 34], &x[i * 34..i * 34 + 34]);
-                let mut s = 0i32;
-                for j in 0..32 {
-                    s += wb[2 + j] as i8 as i32 * xb[2 + j] as i8 as i32;
-                }
-                sum += f16(wb, 0) * f16(xb, 0) * s as f32;
+                let q = std::array::from_fn(|e| wb[2 + e] as i8 as i32);
+                (q, &xb[2..34], f16(wb, 0) * f16(xb, 0))
             }
+            _ => unreachable!("no integer kernel for {t}"),
+        };
+        let mut lanes = [0i32; 8];
+        for (e, (&qe, &ye)) in q.iter().zip(y).enumerate() {
+            lanes[e / 4] += qe * ye as i8 as i32;
         }
-        _ => unreachable!("no integer kernel for {t}"),
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
     }
-    sum
+    hsum8(acc) + summs
 }
 
 fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
@@ -1302,7 +1315,7 @@ mod tests {
         }
     }
 
-    /// The SIMD integer kernels agree with the scalar ones (float summation order aside), on
+    /// The SIMD integer kernels give the scalar ones' bits (both are ggml's AVX2 arithmetic), on
     /// random and adversarial rows (all equal, extremes, zeros).
     #[test]
     fn simd_dot_products_match_scalar() {
@@ -1399,8 +1412,10 @@ mod tests {
                     four.iter().all(|v| v.to_bits() == got.to_bits()),
                     "{t}: vec_dot4 {four:?} vs {got}"
                 );
-                assert!(
-                    ((got - want) as f64).abs() / scale < 1e-5,
+                // the portable kernels compute ggml's AVX2 arithmetic: the same bits
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
                     "{t} case {case}: simd {got} vs scalar {want}"
                 );
             }

@@ -4,22 +4,26 @@
 //! for the lattice i-quants (iq1/iq2/iq3) and the small-float types (mxfp4, nvfp4, q1_0, q2_0)
 //! the NEON integer sums of [`NeonSums`] under those files' generic code.
 //!
-//! Each kernel returns exactly what the scalar path returns (ggml's generic C code, see
-//! `qdot.rs`): the integer sums are exact whatever the grouping, so NEON forms them 16 lanes at
-//! a time, and where the generic code keeps eight integer lanes (q3_K … q6_K: element `e` in
-//! lane `e mod 8`, each lane scaled into its own float lane) the NEON lanes are laid out the
-//! same way: `vmull_s8` of 16 elements puts elements `l` and `l + 8` into 16-bit lane `l`, and
-//! `vmlal_n_s16` adds that lane times the group's scale into 32-bit lane `l`. The per-block float
-//! arithmetic is then the scalar path's own, operation for operation (a separate multiply and
-//! add, never fused). So NEON results equal llama.cpp's generic build bit for bit (the
-//! `qdot_ggml.bin` fixture's `generic` column); ggml's own NEON kernels sum in another order
-//! and differ from it in the last bits.
+//! Each kernel returns exactly what the scalar path returns. q4_0, q4_1 and q8_0 follow ggml's
+//! AVX2 arithmetic there (`matmul_quant::vec_dot_scalar`: eight lanes of 4-element sums, fused
+//! multiply-adds, ggml's horizontal sum), the other types ggml's generic C code (`qdot.rs`). The
+//! integer sums are exact whatever the grouping, so NEON forms them 16 lanes at a time, in the
+//! lanes the float arithmetic needs: 4-element groups for the legacy types (SDOT's own
+//! grouping), and where the generic code keeps eight integer lanes (q3_K … q6_K: element `e` in
+//! lane `e mod 8`, each lane scaled into its own float lane) `vmull_s8` of 16 elements puts
+//! elements `l` and `l + 8` into 16-bit lane `l` and `vmlal_n_s16` adds that lane times the
+//! group's scale into 32-bit lane `l`. The per-block float arithmetic is then the scalar path's
+//! own, operation for operation (fused where it fuses, never otherwise). So NEON results equal
+//! llama.cpp's x86 AVX2 build for the legacy types and its generic build for the others (the
+//! fixtures' `generic` column); ggml's own NEON kernels sum in another order and differ from
+//! both in the last bits.
 //!
-//! Only baseline NEON (every AArch64 CPU) is used. The 16-bit partial sums never overflow: each
-//! kernel's comment gives the bound of its products and how many share a lane.
+//! Baseline NEON everywhere, SDOT (`dotprod`) where the CPU has it for the kernels that sum
+//! whole blocks. The 16-bit partial sums never overflow: each kernel's comment gives the bound
+//! of its products and how many share a lane.
 //!
-//! Tested under `qemu-aarch64` (see the README): against the fixture, and against the scalar
-//! path on random rows including every extreme code (`tests/qdot.rs`, `tests/matmul_quant.rs`).
+//! Tested under `qemu-aarch64` with and without SDOT (see the README, `tests/neon.rs`): against
+//! the fixtures, and against the scalar path on rows of every extreme code.
 
 // Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
 // `unsafe` blocks around register arithmetic keep the crate's minimum (1.85) building.
@@ -182,7 +186,8 @@ unsafe fn add_lanes(mut sumf: f32, sums: [float32x4_t; 2]) -> f32 {
     sumf
 }
 
-/// q4_0, q4_1 and q8_0 against q8_0 / q8_1 (`matmul_quant::vec_dot_scalar`'s arithmetic).
+/// q4_0, q4_1 and q8_0 against q8_0 / q8_1: ggml's AVX2 arithmetic, as
+/// `matmul_quant::vec_dot_scalar` computes it (so the same bits as the x86 kernels).
 ///
 /// # Safety
 /// `w` and `x` hold `nb` blocks of their formats.
@@ -209,60 +214,67 @@ unsafe fn legacy_base(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     unsafe { legacy::<false>(t, w, x, nb) }
 }
 
+/// The exact sums of elements 4l..4l+3 of `a·b` in lane l (0..4): SDOT's own grouping, or
+/// `vmull_s8` products (exact in 16 bits) added in pairs, then pairs of pairs.
+#[inline(always)]
+unsafe fn lanes4<const D: bool>(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    unsafe {
+        if D {
+            sdot(vdupq_n_s32(0), a, b)
+        } else {
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+            let hi = vpaddlq_s16(vmull_high_s8(a, b));
+            vpaddq_s32(lo, hi)
+        }
+    }
+}
+
+/// ggml's AVX2 arithmetic for q4_0, q4_1 and q8_0 (`matmul_quant::vec_dot_scalar`): eight lanes
+/// of 4-element integer sums per block, each fused-multiply-added with the block's scale product
+/// into its float lane, q4_1's min terms in a fused scalar chain, ggml's horizontal sum.
 #[inline(always)]
 unsafe fn legacy<const D: bool>(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut sum = 0f32;
+    let mut summs = 0f32;
     // SAFETY: every load below stays inside block i of its row, i < nb.
     unsafe {
         let m4 = vdupq_n_u8(15);
-        match t {
-            DType::Q4_0 => {
-                let eight = vdupq_n_s8(8);
-                for i in 0..nb {
-                    let (wb, xb) = (wp.add(i * 18), xp.add(i * 34));
-                    let v = u8x16(wb.add(2));
-                    let lo = vsubq_s8(s8(vandq_u8(v, m4)), eight);
-                    let hi = vsubq_s8(s8(vshrq_n_u8::<4>(v)), eight);
-                    // |product| ≤ 8·128
-                    let s = sum32::<D>(lo, i8x16(xb.add(2)), hi, i8x16(xb.add(18)), false);
-                    sum += f16_at(wb) * f16_at(xb) * s as f32;
-                }
-            }
-            DType::Q4_1 => {
-                for i in 0..nb {
-                    let (wb, xb) = (wp.add(i * 20), xp.add(i * 36));
-                    let v = u8x16(wb.add(4));
-                    let lo = s8(vandq_u8(v, m4));
-                    let hi = s8(vshrq_n_u8::<4>(v));
-                    // |product| ≤ 15·128
-                    let s = sum32::<D>(lo, i8x16(xb.add(4)), hi, i8x16(xb.add(20)), false);
-                    sum +=
-                        f16_at(wb) * f16_at(xb) * s as f32 + f16_at(wb.add(2)) * f16_at(xb.add(2));
-                }
-            }
-            DType::Q8_0 => {
-                for i in 0..nb {
-                    let (wb, xb) = (wp.add(i * 34), xp.add(i * 34));
-                    // |product| ≤ 128·128: without SDOT each widened to 32 bits before the
-                    // next is added
-                    let mut acc = vdupq_n_s32(0);
-                    for h in 0..2 {
-                        let (a, b) = (i8x16(wb.add(2 + 16 * h)), i8x16(xb.add(2 + 16 * h)));
-                        if D {
-                            acc = sdot(acc, a, b);
-                        } else {
-                            acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
-                            acc = vpadalq_s16(acc, vmull_high_s8(a, b));
-                        }
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for i in 0..nb {
+            // the block's 32 weights (elements 0..16, 16..32), its activations, the scale product
+            let (a, y, d) = match t {
+                DType::Q4_0 | DType::Q4_1 => {
+                    let (ws, xs) = if t == DType::Q4_0 { (18, 34) } else { (20, 36) };
+                    let (wb, xb) = (wp.add(i * ws), xp.add(i * xs));
+                    let v = u8x16(wb.add(ws - 16));
+                    let (mut lo, mut hi) = (s8(vandq_u8(v, m4)), s8(vshrq_n_u8::<4>(v)));
+                    if t == DType::Q4_0 {
+                        lo = vsubq_s8(lo, vdupq_n_s8(8));
+                        hi = vsubq_s8(hi, vdupq_n_s8(8));
+                    } else {
+                        // gcc fuses ggml's `summs += m·s`
+                        summs = f16_at(wb.add(2)).mul_add(f16_at(xb.add(2)), summs);
                     }
-                    sum += f16_at(wb) * f16_at(xb) * vaddvq_s32(acc) as f32;
+                    ([lo, hi], xb.add(xs - 32), f16_at(wb) * f16_at(xb))
                 }
+                DType::Q8_0 => {
+                    let (wb, xb) = (wp.add(i * 34), xp.add(i * 34));
+                    let a = [i8x16(wb.add(2)), i8x16(wb.add(18))];
+                    (a, xb.add(2), f16_at(wb) * f16_at(xb))
+                }
+                _ => unreachable!("no NEON legacy kernel for {t}"),
+            };
+            let dv = vdupq_n_f32(d);
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let l = lanes4::<D>(a[h], i8x16(y.add(16 * h)));
+                *acc = vfmaq_f32(*acc, vcvtq_f32_s32(l), dv);
             }
-            _ => unreachable!("no NEON legacy kernel for {t}"),
         }
+        // ggml's hsum_float_8: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+        let mut r = [0f32; 4];
+        vst1q_f32(r.as_mut_ptr(), vaddq_f32(acc[0], acc[1]));
+        (r[0] + r[2]) + (r[1] + r[3]) + summs
     }
-    sum
 }
 
 /// The types of `qdot` (against q8_0, q8_1 or q8_K); `None` for a type without a NEON kernel.
