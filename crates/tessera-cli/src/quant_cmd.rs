@@ -46,9 +46,8 @@
 //! memory before it is written (the input is memory-mapped).
 
 // The type choice keeps llama.cpp's if-chains branch for branch (some branches pick the same
-// type), which is what makes it reviewable against the original; `is_multiple_of` is newer
-// than the workspace's minimum Rust version.
-#![allow(clippy::if_same_then_else, clippy::manual_is_multiple_of)]
+// type), which is what makes it reviewable against the original.
+#![allow(clippy::if_same_then_else)]
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -666,7 +665,7 @@ impl State {
             let qk_k = new_type.block_size();
             if ftype == ft::MXFP4_MOE {
                 new_type = T::Q8_0;
-            } else if self.model.is_falcon() || nx % qk_k != 0 {
+            } else if self.model.is_falcon() || !nx.is_multiple_of(qk_k) {
                 new_type = T::Q8_0;
             } else if is(&[
                 ft::IQ2_XXS,
@@ -897,7 +896,7 @@ impl State {
     fn fallback(&mut self, ncols: usize, target: DType) -> Result<(DType, Option<String>), String> {
         use DType as T;
         let qk = target.block_size();
-        if ncols % qk == 0 {
+        if ncols.is_multiple_of(qk) {
             return Ok((target, None));
         }
         self.n_fallback += 1;
@@ -916,7 +915,7 @@ impl State {
                 ))
             }
         };
-        if ncols % ret.block_size() != 0 {
+        if !ncols.is_multiple_of(ret.block_size()) {
             ret = T::F16;
         }
         Ok((
@@ -1072,7 +1071,7 @@ fn imatrix_from_gguf(f: &GgufFile) -> Result<Imatrix, String> {
         }
         let sums = f32s(f.tensor_data(t));
         let counts = f32s(f.tensor_data(counts));
-        if counts.is_empty() || sums.len() % counts.len() != 0 {
+        if counts.is_empty() || !sums.len().is_multiple_of(counts.len()) {
             return Err(format!(
                 "imatrix entry {name}: {} sums for {} counts",
                 sums.len(),

@@ -116,7 +116,7 @@ fn fixture_matches_exact_dot() {
 fn pattern(p: usize, k: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut g = rng(seed);
     let mut h = rng(seed ^ 0xabcdef);
-    let alt = |i: usize, v: f32| if i % 2 == 0 { v } else { -v };
+    let alt = |i: usize, v: f32| if i.is_multiple_of(2) { v } else { -v };
     (0..k)
         .map(|i| {
             let (a, b) = (g(), h());

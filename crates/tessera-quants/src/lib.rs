@@ -235,8 +235,6 @@ pub fn requires_imatrix(type_id: u32) -> bool {
     format(type_id).is_some_and(|f| f.needs_imatrix)
 }
 
-// `is_multiple_of` is newer than the workspace's minimum Rust version.
-#[allow(clippy::manual_is_multiple_of)]
 fn check_len(f: &Format, n: usize, bytes: usize) -> Result<(), QuantError> {
     if n % f.block_size != 0 {
         return Err(QuantError::NotBlockMultiple {

@@ -29,7 +29,7 @@ impl Gpt2Config {
     }
 
     pub fn check(&self) -> std::result::Result<(), String> {
-        if self.n_embd == 0 || self.n_head == 0 || self.n_embd % self.n_head != 0 {
+        if self.n_embd == 0 || self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(
                 "n_embd {} must be a positive multiple of n_head {}",
                 self.n_embd, self.n_head

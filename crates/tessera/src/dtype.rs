@@ -192,7 +192,7 @@ impl DType {
     /// blocks or the size overflows.
     pub fn row_size(self, n: usize) -> Option<usize> {
         let t = self.traits();
-        if n % t.block_size != 0 {
+        if !n.is_multiple_of(t.block_size) {
             return None;
         }
         (n / t.block_size).checked_mul(t.type_size)

@@ -48,7 +48,8 @@ pub fn n_dims(ne: &Ne) -> usize {
 /// ggml's broadcasting rule: `b` can be repeated to `a`'s shape when every dim of `a` is a
 /// multiple of `b`'s.
 pub fn can_repeat(b: &Ne, a: &Ne) -> bool {
-    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i] % b[i] == 0) || nelements(b) == 0 && nelements(a) == 0
+    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i].is_multiple_of(b[i]))
+        || nelements(b) == 0 && nelements(a) == 0
 }
 
 /// Bytes spanned by a tensor: from its first byte to one past its last (0 when empty).

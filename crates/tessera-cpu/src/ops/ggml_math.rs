@@ -43,7 +43,7 @@ pub unsafe fn swiglu_row_piece(
     #[cfg(target_arch = "x86_64")]
     if isa >= crate::simd::Isa::Avx2 && isa != crate::simd::Isa::Neon {
         // vector groups must start on a multiple of 8 of the row, like ggml's
-        while i < n && (i0 + i) % 8 != 0 {
+        while i < n && !(i0 + i).is_multiple_of(8) {
             // SAFETY: i < n (caller's contract).
             unsafe { *y.add(i) = silu_lane(*x.add(i)) * *g.add(i) };
             i += 1;

@@ -236,8 +236,8 @@ mod scalar {
     }
 }
 
-// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
-// `unsafe` blocks around pure register arithmetic keep the crate's minimum (1.85) building.
+// The `unsafe` blocks around register arithmetic date from a minimum Rust version (1.85)
+// before intrinsics were safe inside `#[target_feature]` functions (1.87).
 #[cfg(target_arch = "x86_64")]
 #[allow(unused_unsafe)]
 mod avx2 {

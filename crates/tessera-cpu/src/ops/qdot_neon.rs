@@ -25,8 +25,8 @@
 //! Tested under `qemu-aarch64` with and without SDOT (see the README, `tests/neon.rs`): against
 //! the fixtures, and against the scalar path on rows of every extreme code.
 
-// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
-// `unsafe` blocks around register arithmetic keep the crate's minimum (1.85) building.
+// The `unsafe` blocks around register arithmetic date from a minimum Rust version (1.85)
+// before intrinsics were safe inside `#[target_feature]` functions (1.87).
 #![allow(unused_unsafe)]
 
 use std::arch::aarch64::*;

@@ -57,7 +57,7 @@ impl Graph {
             )));
         }
         let ne = ne_from(dims);
-        if ne[0] % dtype.block_size() != 0 {
+        if !ne[0].is_multiple_of(dtype.block_size()) {
             return Err(Error::Invalid(format!(
                 "new_tensor: row length {} is not a multiple of {}'s block size {}",
                 ne[0],

@@ -72,10 +72,10 @@ impl Graph {
                 + r.nb2 * (bt.ne[2] - 1)
                 + r.nb3 * (bt.ne[3] - 1)
                 + 4;
-            if r.offset % 4 != 0
-                || r.nb1 % 4 != 0
-                || r.nb2 % 4 != 0
-                || r.nb3 % 4 != 0
+            if !r.offset.is_multiple_of(4)
+                || !r.nb1.is_multiple_of(4)
+                || !r.nb2.is_multiple_of(4)
+                || !r.nb3.is_multiple_of(4)
                 || last > at.nbytes()
             {
                 return Err(self.shape_err(

@@ -39,7 +39,7 @@ impl Graph {
             ));
         }
         let ne4 = ne_from(ne);
-        if ne4[0] % at.dtype.block_size() != 0 {
+        if !ne4[0].is_multiple_of(at.dtype.block_size()) {
             return Err(self.shape_err(
                 OP,
                 format!(
@@ -98,7 +98,7 @@ impl Graph {
         if !at.is_contiguous() {
             return Err(self.shape_err(OP, "input is not contiguous (use cont first)", &[a]));
         }
-        if ne4[0] % at.dtype.block_size() != 0 {
+        if !ne4[0].is_multiple_of(at.dtype.block_size()) {
             return Err(self.shape_err(
                 OP,
                 format!("row length {} is not a multiple of the block size", ne4[0]),
@@ -162,7 +162,7 @@ impl Graph {
         const OP: &str = "cont";
         self.check_id(OP, a)?;
         let at = self.tensor(a).clone();
-        if at.ne[0] % dtype.block_size() != 0 {
+        if !at.ne[0].is_multiple_of(dtype.block_size()) {
             return Err(self.shape_err(
                 OP,
                 format!(

@@ -343,7 +343,7 @@ pub fn decode(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f64>> {
         )));
     }
     let ne = crate::shape::ne_from(dims);
-    if ne[0] % dtype.block_size() != 0 {
+    if !ne[0].is_multiple_of(dtype.block_size()) {
         return Err(Error::Invalid(format!(
             "decode: row length {} is not a multiple of {}'s block size {}",
             ne[0],

@@ -47,8 +47,6 @@ pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
 }
 
 /// Whether the SIMD form applies (vectors of 8 along D and Dv).
-// `is_multiple_of` is newer than the workspace's minimum Rust version.
-#[allow(clippy::manual_is_multiple_of)]
 pub(super) fn simd_shape(dk: usize, dv: usize) -> bool {
     dk % 8 == 0 && dv % 8 == 0
 }
