@@ -56,7 +56,7 @@ pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
         && b.dtype == DType::F32
         && t.dtype == DType::F32
         && t.is_contiguous()
-        && a.ne[0] % vec_dot_type(a.dtype).block_size() == 0
+        && a.ne[0].is_multiple_of(vec_dot_type(a.dtype).block_size())
 }
 
 struct Layout {
@@ -159,7 +159,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         unsafe {
             let src = ctx.src[1].add(i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
             // a contiguous column is read in place; a strided one is gathered first
-            let x: &[f32] = if b.nb[0] == 4 && (src as usize) % 4 == 0 {
+            let x: &[f32] = if b.nb[0] == 4 && (src as usize).is_multiple_of(4) {
                 std::slice::from_raw_parts(src as *const f32, k)
             } else {
                 for (kk, t) in tmp.iter_mut().enumerate() {
@@ -261,7 +261,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     qgemm_k::run(ctx.isa, a.dtype, k, rows, &batch, scratch);
                 } else {
                     #[cfg(target_arch = "x86_64")]
-                    qgemm_0::run(a.dtype, k, rows, &batch, scratch);
+                    qgemm_0::run(ctx.isa, a.dtype, k, rows, &batch, scratch);
                 }
             }
         }
@@ -550,7 +550,7 @@ pub fn quantize_activations(
     let (qk, bs) = (32, vdt.type_size());
     match vdt {
         DType::Q8_0 | DType::Q8_1 => {
-            if x.len() % qk != 0 || y.len() != x.len() / qk * bs {
+            if !x.len().is_multiple_of(qk) || y.len() != x.len() / qk * bs {
                 return Err(format!("{vdt}: {} values into {} bytes", x.len(), y.len()));
             }
             let qs_at = if vdt == DType::Q8_0 { 2 } else { 4 };
@@ -584,7 +584,7 @@ pub fn quantize_activations(
             Ok(())
         }
         DType::Q8K => {
-            if x.len() % 256 != 0 || y.len() != x.len() / 256 * 292 {
+            if !x.len().is_multiple_of(256) || y.len() != x.len() / 256 * 292 {
                 return Err(format!("{vdt}: {} values into {} bytes", x.len(), y.len()));
             }
             #[cfg(target_arch = "x86_64")]
@@ -609,6 +609,13 @@ fn f16(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
+/// Whether `isa` asks for the AVX-512 VNNI kernels and this CPU has them.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn vnni(isa: Isa) -> bool {
+    isa == Isa::Avx512 && super::qdot::avx2::vnni_available()
+}
+
 /// Dot product of one weight row (q4_0, q4_1 or q8_0) with one activation row in its
 /// `vec_dot_type`.
 pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
@@ -617,9 +624,15 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
-        // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA; the slices hold k/32
-        // blocks of their formats (checked by the callers' layouts).
-        return unsafe { avx2::vec_dot(t, w, x, k) };
+        // SAFETY: Avx2 is chosen only when the CPU has AVX2 and FMA (and the VNNI kernel only
+        // with VNNI); the slices hold k/32 blocks of their formats (the callers' layouts).
+        return unsafe {
+            if vnni(isa) {
+                avx2::vec_dot_vnni(t, w, x, k)
+            } else {
+                avx2::vec_dot(t, w, x, k)
+            }
+        };
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
@@ -642,7 +655,13 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: as in `vec_dot`; prefetching never faults, whatever the address.
-        return unsafe { avx2::vec_dot4(t, w, x, k, pf) };
+        return unsafe {
+            if vnni(isa) {
+                avx2::vec_dot4_vnni(t, w, x, k, pf)
+            } else {
+                avx2::vec_dot4(t, w, x, k, pf)
+            }
+        };
     }
     let _ = pf; // only the AVX2 kernel prefetches
     w.map(|r| vec_dot(isa, t, r, x, k))
@@ -653,7 +672,13 @@ pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: as in `vec_dot`.
-        return unsafe { avx2::vec_dot_4xc::<2>(t, w, x, k) };
+        return unsafe {
+            if vnni(isa) {
+                avx2::vec_dot_4xc_vnni::<2>(t, w, x, k)
+            } else {
+                avx2::vec_dot_4xc::<2>(t, w, x, k)
+            }
+        };
     }
     x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
 }
@@ -663,7 +688,13 @@ pub fn vec_dot_4x3(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 3], k: usize) -
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: as in `vec_dot`.
-        return unsafe { avx2::vec_dot_4xc::<3>(t, w, x, k) };
+        return unsafe {
+            if vnni(isa) {
+                avx2::vec_dot_4xc_vnni::<3>(t, w, x, k)
+            } else {
+                avx2::vec_dot_4xc::<3>(t, w, x, k)
+            }
+        };
     }
     x.map(|xc| w.map(|r| vec_dot(isa, t, r, xc, k)))
 }
@@ -750,7 +781,7 @@ mod avx2 {
     use std::arch::x86_64::*;
     use tessera::DType;
 
-    use crate::ops::qdot::avx2::nibbles;
+    use crate::ops::qdot::avx2::{dot4, dot4_i8, nibbles};
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -770,18 +801,30 @@ mod avx2 {
     }
 
     /// Σ x·y of 32 signed bytes each, as 8 i32 lanes → f32.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256 {
-        // register arithmetic only
-        let ax = _mm256_sign_epi8(x, x);
-        let sy = _mm256_sign_epi8(y, x);
-        let p = _mm256_maddubs_epi16(ax, sy);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    #[inline(always)]
+    unsafe fn dot_i8<const V: bool>(x: __m256i, y: __m256i) -> __m256 {
+        // SAFETY: register arithmetic only.
+        unsafe { _mm256_cvtepi32_ps(dot4_i8::<V>(x, y)) }
     }
+
+    // Each kernel has a body generic over `V` (VNNI's `vpdpbusd` for AVX2's `vpmaddubsw` +
+    // `vpmaddwd`: the same integers) and two entry points compiled for AVX2 and for AVX-512
+    // VNNI; the callers check the CPU's features.
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_in::<false>(t, w, x, k) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot_vnni(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_in::<true>(t, w, x, k) }
+    }
+
+    #[inline(always)]
+    unsafe fn vec_dot_in<const V: bool>(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         let nb = k / 32;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
         // SAFETY: w and x hold nb blocks of their formats.
@@ -794,7 +837,7 @@ mod avx2 {
                         let d = _mm256_set1_ps(f16(wb) * f16(xb));
                         let q = _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8));
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        acc = _mm256_fmadd_ps(d, dot_i8(q, y), acc);
+                        acc = _mm256_fmadd_ps(d, dot_i8::<V>(q, y), acc);
                     }
                     hsum(acc)
                 }
@@ -806,7 +849,7 @@ mod avx2 {
                         let d = _mm256_set1_ps(f16(wb) * f16(xb));
                         let q = nibbles(wb.add(4));
                         let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), _mm256_set1_epi16(1));
+                        let p = dot4::<V>(q, y);
                         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
                     }
                     hsum(acc) + summs
@@ -817,7 +860,7 @@ mod avx2 {
                         let d = _mm256_set1_ps(f16(wb) * f16(xb));
                         let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        acc = _mm256_fmadd_ps(d, dot_i8(q, y), acc);
+                        acc = _mm256_fmadd_ps(d, dot_i8::<V>(q, y), acc);
                     }
                     hsum(acc)
                 }
@@ -867,21 +910,43 @@ mod avx2 {
     /// each row's current block to prefetch.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot4(t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot4_in::<false>(t, w, x, k, pf) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot4_vnni(
+        t: DType,
+        w: [&[u8]; 4],
+        x: &[u8],
+        k: usize,
+        pf: usize,
+    ) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot4_in::<true>(t, w, x, k, pf) }
+    }
+
+    #[inline(always)]
+    unsafe fn vec_dot4_in<const V: bool>(
+        t: DType,
+        w: [&[u8]; 4],
+        x: &[u8],
+        k: usize,
+        pf: usize,
+    ) -> [f32; 4] {
         let nb = k / 32;
         let xp = x.as_ptr();
         let wp = w.map(|r| r.as_ptr());
         // SAFETY: every row and x hold nb blocks of their formats; prefetches never fault.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
-            let ones = _mm256_set1_epi16(1);
             match t {
                 DType::Q4_0 => {
                     for i in 0..nb {
                         let xb = xp.add(i * 34);
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
                         // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: the same integers as vec_dot
-                        let y8 =
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), y), ones);
+                        let y8 = dot4::<V>(_mm256_set1_epi8(8), y);
                         let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 18));
                         let d = _mm256_castps128_ps256(_mm_mul_ps(
                             _mm_cvtph_ps(gather4_u16(wb)),
@@ -889,10 +954,7 @@ mod avx2 {
                         ));
                         for r in 0..4 {
                             _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(nibbles(wb[r].add(2)), y),
-                                ones,
-                            );
+                            let p = dot4::<V>(nibbles(wb[r].add(2)), y);
                             let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
                             acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
                         }
@@ -916,10 +978,7 @@ mod avx2 {
                         let d = _mm256_mul_ps(dm, xs);
                         for r in 0..4 {
                             _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(nibbles(wb[r].add(4)), y),
-                                ones,
-                            );
+                            let p = dot4::<V>(nibbles(wb[r].add(4)), y);
                             acc[r] = _mm256_fmadd_ps(
                                 lane(d, 2 * r as i32),
                                 _mm256_cvtepi32_ps(p),
@@ -940,9 +999,6 @@ mod avx2 {
                     for i in 0..nb {
                         let xb = xp.add(i * 34);
                         let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        // Σ|y|·(w·sgn y) = Σ w·y: the same pairs and integers as vec_dot's
-                        // Σ|w|·(y·sgn w), with one sign per row instead of two (|y| ≤ 127)
-                        let ay = _mm256_sign_epi8(y, y);
                         let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 34));
                         let d = _mm256_castps128_ps256(_mm_mul_ps(
                             _mm_cvtph_ps(gather4_u16(wb)),
@@ -951,10 +1007,9 @@ mod avx2 {
                         for r in 0..4 {
                             _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
                             let q = _mm256_loadu_si256(wb[r].add(2) as *const __m256i);
-                            let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(ay, _mm256_sign_epi8(q, y)),
-                                ones,
-                            );
+                            // ggml's Σ|w|·(y·sgn w), exact for w = −128 too (|y| ≤ 127;
+                            // |y|·(w·sgn y) is not: −(−128) does not fit a byte)
+                            let p = dot4_i8::<V>(q, y);
                             acc[r] =
                                 _mm256_fmadd_ps(lane(d, r as i32), _mm256_cvtepi32_ps(p), acc[r]);
                         }
@@ -977,13 +1032,34 @@ mod avx2 {
         x: [&[u8]; C],
         k: usize,
     ) -> [[f32; 4]; C] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_4xc_in::<C, false>(t, w, x, k) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot_4xc_vnni<const C: usize>(
+        t: DType,
+        w: [&[u8]; 4],
+        x: [&[u8]; C],
+        k: usize,
+    ) -> [[f32; 4]; C] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_4xc_in::<C, true>(t, w, x, k) }
+    }
+
+    #[inline(always)]
+    unsafe fn vec_dot_4xc_in<const C: usize, const V: bool>(
+        t: DType,
+        w: [&[u8]; 4],
+        x: [&[u8]; C],
+        k: usize,
+    ) -> [[f32; 4]; C] {
         let nb = k / 32;
         let xp = x.map(|c| c.as_ptr());
         let wp = w.map(|r| r.as_ptr());
         // SAFETY: every row and column hold nb blocks of their formats.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 4]; C];
-            let ones = _mm256_set1_epi16(1);
             match t {
                 DType::Q4_1 => {
                     // lanes (2r, 2r+1) of summs[c]: row r's running Σ m·s (odd lanes used)
@@ -1002,7 +1078,7 @@ mod avx2 {
                             summs[c] = _mm256_fmadd_ps(dm, xs, summs[c]); // fused, as GCC builds ggml's
                             let d = _mm256_mul_ps(dm, xs);
                             for r in 0..4 {
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), ones);
+                                let p = dot4::<V>(q[r], y);
                                 acc[c][r] = _mm256_fmadd_ps(
                                     lane(d, 2 * r as i32),
                                     _mm256_cvtepi32_ps(p),
@@ -1026,13 +1102,10 @@ mod avx2 {
                             let xb = xp[c].add(i * 34);
                             let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
                             // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: vec_dot's integers
-                            let y8 = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(_mm256_set1_epi8(8), y),
-                                ones,
-                            );
+                            let y8 = dot4::<V>(_mm256_set1_epi8(8), y);
                             let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(f16(xb))));
                             for r in 0..4 {
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], y), ones);
+                                let p = dot4::<V>(q[r], y);
                                 let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
                                 acc[c][r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[c][r]);
                             }
@@ -1047,17 +1120,14 @@ mod avx2 {
                         let q: [__m256i; 4] = std::array::from_fn(|r| {
                             _mm256_loadu_si256(wb[r].add(2) as *const __m256i)
                         });
+                        // ggml's Σ|w|·(y·sgn w) (exact for w = −128 too), |w| once per block
+                        let aq = q.map(|v| _mm256_sign_epi8(v, v));
                         for c in 0..C {
                             let xb = xp[c].add(i * 34);
                             let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                            // Σ|y|·(w·sgn y) = Σ w·y (|y| ≤ 127): vec_dot's integers
-                            let ay = _mm256_sign_epi8(y, y);
                             let d = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(f16(xb))));
                             for r in 0..4 {
-                                let p = _mm256_madd_epi16(
-                                    _mm256_maddubs_epi16(ay, _mm256_sign_epi8(q[r], y)),
-                                    ones,
-                                );
+                                let p = dot4::<V>(aq[r], _mm256_sign_epi8(y, q[r]));
                                 acc[c][r] = _mm256_fmadd_ps(
                                     lane(d, r as i32),
                                     _mm256_cvtepi32_ps(p),
@@ -1418,6 +1488,142 @@ mod tests {
                     want.to_bits(),
                     "{t} case {case}: simd {got} vs scalar {want}"
                 );
+            }
+        }
+    }
+
+    /// q8_0/q4_0/q4_1 weights straight from bytes (every code, −128 included, which no ggml
+    /// quantizer writes but a file may hold) against activations at ±127 and random: every
+    /// entry point and instruction set gives the scalar kernel's bits, and the scalar kernel is
+    /// the exact integer dot (ggml's |w|·sign(y, w) is exact for w = −128 as long as |y| ≤ 127).
+    #[test]
+    fn extreme_codes_agree_on_every_kernel() {
+        let k = 256;
+        let nb = k / 32;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| crate::simd::isa() >= i && crate::simd::isa() != Isa::Neon)
+            .chain([crate::simd::isa()])
+            .collect();
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            let (ws, qoff) = match t {
+                DType::Q4_0 => (18, 2),
+                DType::Q4_1 => (20, 4),
+                _ => (34, 2),
+            };
+            let vdt = vec_dot_type(t);
+            let (xs, xoff) = if vdt == DType::Q8_1 { (36, 4) } else { (34, 2) };
+            for case in 0..4 {
+                let mut rows: Vec<Vec<u8>> = Vec::new();
+                for r in 0..4 {
+                    let mut w = vec![0u8; nb * ws];
+                    for b in 0..nb {
+                        let blk = &mut w[b * ws..(b + 1) * ws];
+                        blk[0..2].copy_from_slice(
+                            &half::f16::from_f32(0.5 + r as f32).to_bits().to_le_bytes(),
+                        );
+                        if qoff == 4 {
+                            blk[2..4].copy_from_slice(
+                                &half::f16::from_f32(-0.25).to_bits().to_le_bytes(),
+                            );
+                        }
+                        for (j, q) in blk[qoff..].iter_mut().enumerate() {
+                            *q = match (case + r) % 4 {
+                                0 => 0x80, // −128 (q8_0), nibbles 0 and 8
+                                1 => {
+                                    if j % 2 == 0 {
+                                        0x80
+                                    } else {
+                                        0x7f
+                                    }
+                                }
+                                2 => 0xff,
+                                _ => next() as u8,
+                            };
+                        }
+                    }
+                    rows.push(w);
+                }
+                let mut x = vec![0u8; nb * xs];
+                for b in 0..nb {
+                    let blk = &mut x[b * xs..(b + 1) * xs];
+                    blk[0..2].copy_from_slice(&half::f16::from_f32(0.125).to_bits().to_le_bytes());
+                    if xoff == 4 {
+                        blk[2..4]
+                            .copy_from_slice(&half::f16::from_f32(3.0).to_bits().to_le_bytes());
+                    }
+                    for (j, y) in blk[xoff..].iter_mut().enumerate() {
+                        *y = match case {
+                            0 => (-127i8) as u8,
+                            1 => {
+                                if j % 3 == 0 {
+                                    127
+                                } else {
+                                    (-127i8) as u8
+                                }
+                            }
+                            _ => ((next() % 255) as i32 - 127) as i8 as u8,
+                        };
+                    }
+                }
+                let w4 = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
+                for (r, w) in w4.iter().enumerate() {
+                    // the scalar kernel against the exact sums, block by block
+                    let want = vec_dot_scalar(t, w, &x, k);
+                    let mut exact = 0f64;
+                    for b in 0..nb {
+                        let (wb, xb) = (&w[b * ws..(b + 1) * ws], &x[b * xs..(b + 1) * xs]);
+                        let sum: i64 = (0..32)
+                            .map(|e| {
+                                let q = if t == DType::Q8_0 {
+                                    wb[qoff + e] as i8 as i64
+                                } else {
+                                    let v = wb[qoff + e % 16];
+                                    let n = if e < 16 { v & 15 } else { v >> 4 } as i64;
+                                    if t == DType::Q4_0 {
+                                        n - 8
+                                    } else {
+                                        n
+                                    }
+                                };
+                                q * xb[xoff + e] as i8 as i64
+                            })
+                            .sum();
+                        exact += f16(wb, 0) as f64 * f16(xb, 0) as f64 * sum as f64;
+                        if t == DType::Q4_1 {
+                            exact += f16(wb, 2) as f64 * f16(xb, 2) as f64;
+                        }
+                    }
+                    assert!(
+                        (want as f64 - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+                        "{t} case {case} row {r}: scalar {want} vs exact {exact}"
+                    );
+                    for &isa in &isas {
+                        let one = vec_dot(isa, t, w, &x, k);
+                        let four = vec_dot4(isa, t, w4, &x, k, 64);
+                        let two = vec_dot_4x2(isa, t, w4, [&x, &x], k);
+                        let three = vec_dot_4x3(isa, t, w4, [&x, &x, &x], k);
+                        for (what, v) in [
+                            ("vec_dot", one),
+                            ("vec_dot4", four[r]),
+                            ("4x2", two[1][r]),
+                            ("4x3", three[2][r]),
+                        ] {
+                            assert_eq!(
+                                v.to_bits(),
+                                want.to_bits(),
+                                "{t} case {case} row {r} {isa:?} {what}: {v} vs scalar {want}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

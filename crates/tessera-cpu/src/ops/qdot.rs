@@ -73,8 +73,6 @@ fn act_block_size(t: DType) -> usize {
 ///
 /// Panics if `t` is not [`supported`], `k` is not a multiple of its block size or a row is
 /// shorter than `k` elements of its format.
-// `is_multiple_of` is newer than the workspace's minimum Rust version.
-#[allow(clippy::manual_is_multiple_of)]
 pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(supported(t), "qdot: no integer kernel for {t}");
     let bs = t.block_size();
@@ -100,9 +98,16 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
-        // blocks of their formats (asserted above), which is all the kernels read.
-        return unsafe { avx2::vec_dot(t, w, x, nb) };
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above), and VNNI where that
+        // kernel runs; w and x hold at least nb blocks of their formats (asserted above),
+        // which is all the kernels read.
+        return unsafe {
+            if isa == Isa::Avx512 && avx2::vnni_available() {
+                avx2::vec_dot_vnni(t, w, x, nb)
+            } else {
+                avx2::vec_dot(t, w, x, nb)
+            }
+        };
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
@@ -123,7 +128,6 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 /// hold 2-6 superblocks). Every result is bit-identical to `vec_dot` on its row.
 ///
 /// Panics as [`vec_dot`] does, or if `w` does not hold the rows.
-#[allow(clippy::manual_is_multiple_of)]
 pub fn vec_dot_rows(
     isa: Isa,
     t: DType,
@@ -156,9 +160,15 @@ pub fn vec_dot_rows(
         && !super::qdot_iq13::supported(t)
         && !super::qdot_fp::supported(t)
     {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above); every row and x hold nb
-        // blocks of their formats (asserted above).
-        unsafe { avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out) };
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and VNNI where that kernel
+        // runs; every row and x hold nb blocks of their formats (asserted above).
+        unsafe {
+            if isa == Isa::Avx512 && avx2::vnni_available() {
+                avx2::vec_dot_rows_vnni(t, w.as_ptr(), stride, x, nb, out)
+            } else {
+                avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out)
+            }
+        };
         return;
     }
     for (r, o) in out.iter_mut().enumerate() {
@@ -583,8 +593,8 @@ pub(crate) mod scalar {
     }
 }
 
-// Intrinsics are safe to call inside `#[target_feature]` functions only from Rust 1.87 on; the
-// `unsafe` blocks around pure register arithmetic keep the crate's minimum (1.85) building.
+// The `unsafe` blocks around register arithmetic date from a minimum Rust version (1.85)
+// before intrinsics were safe inside `#[target_feature]` functions (1.87).
 #[cfg(target_arch = "x86_64")]
 #[allow(unused_unsafe)]
 pub(crate) mod avx2 {
@@ -632,6 +642,16 @@ pub(crate) mod avx2 {
         is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
+    }
+
+    /// Whether this CPU also runs the VNNI kernels (AVX-512 F/BW/VL + VNNI, as `Isa::Avx512`
+    /// requires); checked again wherever `Isa::Avx512` is passed in by hand.
+    pub fn vnni_available() -> bool {
+        available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
     }
 
     /// `get_scale_shuffle_q3k`: row i picks 16-bit scale 2i for the low 128-bit lane and 2i+1
@@ -702,27 +722,22 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// One row: [`vec_dot_rows`] of a single row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
-        let (w, x) = (w.as_ptr(), x.as_ptr());
-        // SAFETY: the caller guarantees nb blocks of both formats behind w and x, and the CPU
-        // features every kernel is compiled for.
-        unsafe {
-            match t {
-                DType::Q5_0 => q5_0(w, x, nb),
-                DType::Q5_1 => q5_1(w, x, nb),
-                DType::IQ4NL => iq4_nl(w, x, nb),
-                DType::Q2K => q2_k(w, x, nb),
-                DType::Q3K => q3_k(w, x, nb),
-                DType::Q4K => q4_k(w, x, nb),
-                DType::Q5K => q5_k(w, x, nb),
-                DType::Q6K => q6_k(w, x, nb),
-                DType::IQ4XS => iq4_xs(w, x, nb),
-                DType::TQ1_0 => tq1_0(w, x, nb),
-                DType::TQ2_0 => tq2_0(w, x, nb),
-                _ => unreachable!("checked by the caller"),
-            }
-        }
+        let mut out = [0f32];
+        // SAFETY: forwarded (one row at w).
+        unsafe { rows_in::<false>(t, w.as_ptr(), 0, x, nb, &mut out) };
+        out[0]
+    }
+
+    /// [`vec_dot`] with AVX-512 VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot_vnni(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let mut out = [0f32];
+        // SAFETY: forwarded (one row at w); the caller checked the CPU's VNNI.
+        unsafe { rows_in::<true>(t, w.as_ptr(), 0, x, nb, &mut out) };
+        out[0]
     }
 
     /// [`super::vec_dot_rows`] on AVX2: one dispatch, then the kernel row after row.
@@ -739,12 +754,46 @@ pub(crate) mod avx2 {
         nb: usize,
         out: &mut [f32],
     ) {
+        // SAFETY: forwarded.
+        unsafe { rows_in::<false>(t, w, stride, x, nb, out) }
+    }
+
+    /// [`vec_dot_rows`] with AVX-512 VNNI: the same integer sums (so the same results), with
+    /// `vpdpbusd` where AVX2 needs `vpmaddubsw` + `vpmaddwd`, and the compiler folding each
+    /// `vpmaddwd` + `vpaddd` of the k-quants' scales into one `vpdpwssd`.
+    ///
+    /// # Safety
+    /// As [`vec_dot_rows`], and the CPU has AVX-512 F/BW/VL and VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot_rows_vnni(
+        t: DType,
+        w: *const u8,
+        stride: usize,
+        x: &[u8],
+        nb: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: forwarded.
+        unsafe { rows_in::<true>(t, w, stride, x, nb, out) }
+    }
+
+    /// The body of both: every kernel is inlined into each caller and compiled with its
+    /// instruction set; `V` picks VNNI's byte dot product.
+    #[inline(always)]
+    unsafe fn rows_in<const V: bool>(
+        t: DType,
+        w: *const u8,
+        stride: usize,
+        x: &[u8],
+        nb: usize,
+        out: &mut [f32],
+    ) {
         let x = x.as_ptr();
         macro_rules! rows {
             ($kernel:ident) => {
                 for (r, o) in out.iter_mut().enumerate() {
                     // SAFETY: row r lies at w + r * stride (caller).
-                    *o = unsafe { $kernel(w.add(r * stride), x, nb) };
+                    *o = unsafe { $kernel::<V>(w.add(r * stride), x, nb) };
                 }
             };
         }
@@ -765,7 +814,7 @@ pub(crate) mod avx2 {
                 unsafe {
                     q8k_magnitudes(x, nb, ay);
                     for (r, o) in out.iter_mut().enumerate() {
-                        *o = iq4_xs_abs(w.add(r * stride), x, ay, nb);
+                        *o = iq4_xs_abs::<V>(w.add(r * stride), x, ay, nb);
                     }
                 }
             }
@@ -905,6 +954,28 @@ pub(crate) mod avx2 {
         unsafe { _mm256_madd_epi16(p, _mm256_set1_epi16(1)) }
     }
 
+    /// Σ a·b of four adjacent byte pairs into each i32 lane, a unsigned, b signed (no pair
+    /// sum may exceed i16: true of every caller's values): `vpmaddubsw` + `vpmaddwd` on AVX2,
+    /// one `vpdpbusd` with VNNI (`V`), as ggml's `mul_sum_us8_pairs_float`.
+    #[inline(always)]
+    pub(crate) unsafe fn dot4<const V: bool>(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only; V only in functions compiled for VNNI.
+        unsafe {
+            if V {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+            }
+        }
+    }
+
+    /// Signed x·y summed in fours (ggml's `mul_sum_i8_pairs_float`): |x| times y with x's sign.
+    #[inline(always)]
+    pub(crate) unsafe fn dot4_i8<const V: bool>(x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only.
+        unsafe { dot4::<V>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+    }
+
     /// Signed bytes x·y summed in pairs to i16 (ggml's `mul_add_epi8`): |x| as unsigned times
     /// y with x's sign.
     #[inline]
@@ -938,8 +1009,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q5_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q5_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -950,15 +1021,15 @@ pub(crate) mod avx2 {
                 // a clear fifth bit makes the value nibble - 16: set the byte's top four bits
                 let hi = _mm256_andnot_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(-16));
                 let q = _mm256_or_si256(nibbles(wb.add(6)), hi);
-                let p = pair_sums(mul_i8_pairs(q, load256(xb.add(2))));
+                let p = dot4_i8::<V>(q, load256(xb.add(2)));
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
             }
             hsum(acc)
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q5_1(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q5_1<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -972,15 +1043,15 @@ pub(crate) mod avx2 {
                 let hi = _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(16));
                 let q = _mm256_or_si256(nibbles(wb.add(8)), hi);
                 let dy = f16(xb);
-                let p = pair_sums(_mm256_maddubs_epi16(q, load256(xb.add(4))));
+                let p = dot4::<V>(q, load256(xb.add(4)));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx * dy), acc);
             }
             hsum(acc) + summs
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_nl(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn iq4_nl<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -990,8 +1061,8 @@ pub(crate) mod avx2 {
                 let (w1, x1) = (w.add(i * 18), x.add(i * Q8_0_SIZE));
                 prefetch_block::<18>(w1);
                 let (w2, x2) = (w1.add(18), x1.add(Q8_0_SIZE));
-                let p1 = pair_sums(mul_i8_pairs(iq4_values(w1.add(2)), load256(x1.add(2))));
-                let p2 = pair_sums(mul_i8_pairs(iq4_values(w2.add(2)), load256(x2.add(2))));
+                let p1 = dot4_i8::<V>(iq4_values(w1.add(2)), load256(x1.add(2)));
+                let p2 = dot4_i8::<V>(iq4_values(w2.add(2)), load256(x2.add(2)));
                 let (d1, d2) = (f16(x1) * f16(w1), f16(x2) * f16(w2));
                 acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p1), acc1);
                 acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p2), acc2);
@@ -1014,8 +1085,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q2_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q2_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1058,8 +1129,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q3_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q3_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1128,8 +1199,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q4_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
@@ -1168,8 +1239,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q5_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q5_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
@@ -1220,8 +1291,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6_k(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn q6_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -1262,8 +1333,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn iq4_xs<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded.
         unsafe { iq4_xs_body(w, x, nb, |v, y| mul_i8_pairs(v, load256(y))) }
     }
@@ -1276,8 +1347,13 @@ pub(crate) mod avx2 {
     /// their magnitudes, made once per mat-vec): |y| · (v with y's sign) per pair — the same
     /// products as ggml's |v| · (y with v's sign), with one sign operation instead of two
     /// (|y| ≤ 127: q8_K's values, so no pair sum saturates).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_xs_abs(w: *const u8, x: *const u8, ay: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn iq4_xs_abs<const V: bool>(
+        w: *const u8,
+        x: *const u8,
+        ay: *const u8,
+        nb: usize,
+    ) -> f32 {
         // SAFETY: forwarded; `ay` has x's layout.
         unsafe {
             iq4_xs_body(w, x, nb, |v, y| {
@@ -1375,8 +1451,8 @@ pub(crate) mod avx2 {
         unsafe { _mm_add_epi8(_mm_and_si128(_mm_slli_epi16::<3>(q), _mm_set1_epi8(-8)), q) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tq1_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn tq1_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut sumf = _mm256_setzero_ps();
@@ -1437,8 +1513,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tq2_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    #[inline(always)]
+    unsafe fn tq2_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1474,6 +1550,7 @@ pub(crate) mod avx2 {
 }
 
 #[cfg(test)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod tests {
     use super::*;
 
@@ -1521,13 +1598,11 @@ mod tests {
     /// 1 and activations in q8's range (-127..127, q8_K's group sums consistent): the AVX2 path
     /// sums the scalar path's integers, so only the float grouping may differ.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn avx2_matches_scalar_on_random_blocks() {
-        #[cfg(target_arch = "x86_64")]
         if !avx2::available() {
             return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        return;
         for t in TYPES {
             for (seed, k) in [(1u64, 256usize), (2, 512), (3, 2816)] {
                 let nb = k / t.block_size();
@@ -1584,7 +1659,47 @@ mod tests {
                     ((got - want) as f64).abs() <= tol,
                     "{t} k={k}: avx2 {got} vs scalar {want} (terms {mag})"
                 );
+                // the VNNI kernels (where the CPU has them; AVX2's otherwise) sum the same
+                // integers: AVX2's bits, one row or many
+                let vnni = vec_dot(Isa::Avx512, t, &w, &x, k);
+                assert_eq!(
+                    vnni.to_bits(),
+                    got.to_bits(),
+                    "{t} k={k}: vnni {vnni} vs avx2 {got}"
+                );
+                let mut ww = w.clone();
+                ww.extend(w.iter().map(|b| b ^ 0x5a));
+                let (mut o2, mut o5) = ([0f32; 2], [0f32; 2]);
+                vec_dot_rows(Isa::Avx2, t, &ww, nb * ts, &x, k, &mut o2);
+                vec_dot_rows(Isa::Avx512, t, &ww, nb * ts, &x, k, &mut o5);
+                assert_eq!(o2[0].to_bits(), got.to_bits(), "{t} k={k}: rows vs one row");
+                assert_eq!(
+                    o5.map(f32::to_bits),
+                    o2.map(f32::to_bits),
+                    "{t} k={k}: vnni rows"
+                );
             }
+        }
+    }
+
+    /// `TESSERA_EXPECT_AVX512=1` (set where the tests run on an AVX-512 VNNI CPU, emulated or
+    /// not) fails the run unless this process chose the VNNI kernels; `=0` unless it did not.
+    #[test]
+    fn vnni_kernels_run_where_expected() {
+        let chosen = crate::simd::isa() == Isa::Avx512;
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            chosen,
+            avx2::vnni_available() && std::env::var("TESSERA_ISA").is_err()
+        );
+        match std::env::var("TESSERA_EXPECT_AVX512").as_deref() {
+            Ok("1") => assert!(
+                chosen,
+                "expected the AVX-512 VNNI kernels, ISA {:?}",
+                crate::simd::isa()
+            ),
+            Ok("0") => assert!(!chosen, "did not expect the AVX-512 VNNI kernels"),
+            _ => eprintln!("ISA chosen: {}", crate::simd::isa().name()),
         }
     }
 }

@@ -30,8 +30,6 @@ pub fn supported(t: DType) -> bool {
 ///
 /// Panics as `qdot::vec_dot` does: if `k` is not a multiple of `t`'s block size or a row is
 /// shorter than `k` elements of its format.
-// `is_multiple_of` is newer than the workspace's minimum Rust version.
-#[allow(clippy::manual_is_multiple_of)]
 pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f32; 4] {
     if !supported(t) {
         return x.map(|c| super::qdot::vec_dot(isa, t, w, c, k));
@@ -57,14 +55,10 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
         // weight blocks and every column at least nb q8_K blocks (asserted above), which is all
         // the kernels read.
         return unsafe {
-            match t {
-                DType::Q2K => avx2::q2_k(w.as_ptr(), xp, nb),
-                DType::Q3K => avx2::q3_k(w.as_ptr(), xp, nb),
-                DType::Q4K => avx2::q4_k(w.as_ptr(), xp, nb),
-                DType::Q5K => avx2::q5_k(w.as_ptr(), xp, nb),
-                DType::Q6K => avx2::q6_k(w.as_ptr(), xp, nb),
-                DType::IQ4XS => avx2::iq4_xs(w.as_ptr(), xp, nb),
-                _ => unreachable!("checked by supported"),
+            if isa == Isa::Avx512 && super::qdot::avx2::vnni_available() {
+                avx2::tile_vnni(t, w.as_ptr(), xp, nb)
+            } else {
+                avx2::tile(t, w.as_ptr(), xp, nb)
             }
         };
     }
@@ -72,7 +66,7 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
 }
 
 #[cfg(target_arch = "x86_64")]
-// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+// the `unsafe` blocks around intrinsics date from a minimum Rust version before they were safe
 #[allow(unused_unsafe)]
 mod avx2 {
     //! Copies of `qdot`'s AVX2 helpers (identical arithmetic) and the four-column kernels.
@@ -91,6 +85,42 @@ mod avx2 {
     use super::{Q8_K_SIZE, QK_K};
 
     pub use crate::ops::qdot::avx2::available;
+
+    /// One weight row against four columns, the kernel of type `t`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile(t: tessera::DType, w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { tile_in(t, w, x, nb) }
+    }
+
+    /// [`tile`] compiled for AVX-512 VNNI: the compiler folds each `vpmaddwd` of a scale and
+    /// the `vpaddd` after it into one `vpdpwssd` (the same integers, so the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tile_vnni(
+        t: tessera::DType,
+        w: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { tile_in(t, w, x, nb) }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_in(t: tessera::DType, w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks of t at w and of q8_K at every x (caller).
+        unsafe {
+            match t {
+                tessera::DType::Q2K => q2_k(w, x, nb),
+                tessera::DType::Q3K => q3_k(w, x, nb),
+                tessera::DType::Q4K => q4_k(w, x, nb),
+                tessera::DType::Q5K => q5_k(w, x, nb),
+                tessera::DType::Q6K => q6_k(w, x, nb),
+                tessera::DType::IQ4XS => iq4_xs(w, x, nb),
+                _ => unreachable!("checked by supported"),
+            }
+        }
+    }
 
     /// The 6-bit scales and mins of q4_K / q5_K (12 bytes at `s`) unpacked to 8 scales then 8
     /// mins as 16 u16 lanes (ggml's `utmp` shuffle, then `cvtepu8_epi16`).
@@ -126,8 +156,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q4_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn q4_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
@@ -182,8 +212,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q5_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn q5_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
@@ -249,8 +279,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q6_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn q6_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 8.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
@@ -298,8 +328,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn iq4_xs(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn iq4_xs(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller).
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
@@ -341,8 +371,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q3_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn q3_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -399,8 +429,8 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q2_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+    #[inline(always)]
+    unsafe fn q2_k(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
         // SAFETY: nb blocks behind w and every x[c] (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);

@@ -159,17 +159,26 @@ pub use super::qgemm_k::Batch;
 /// this caller only); `scratch` holds `scratch_size()` bytes of its own; the CPU has
 /// AVX2 and FMA ([`runs_on`]).
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn run(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch, scratch: *mut u8) {
+pub unsafe fn run(
+    isa: crate::simd::Isa,
+    t: DType,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    b: &Batch,
+    scratch: *mut u8,
+) {
+    // AVX-512 VNNI: the same integer sums with `vpdpbusd`
+    let vnni = isa == crate::simd::Isa::Avx512 && crate::ops::qdot::avx2::vnni_available();
     if b.groups <= FEW_GROUPS {
         // SAFETY: forwarded.
-        unsafe { run_few(t, k, rows, b) };
+        unsafe { run_few(vnni, t, k, rows, b) };
         return;
     }
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + RCH).min(rows.end);
         // SAFETY: forwarded; r0..r1 lies inside `rows`.
-        unsafe { run_chunk(t, k, r0..r1, b, scratch) };
+        unsafe { run_chunk(vnni, t, k, r0..r1, b, scratch) };
         r0 = r1;
     }
 }
@@ -185,14 +194,19 @@ const FEW_GROUPS: usize = 3;
 /// accumulator loads and stores, no unpacked-block scratch). Same per-lane operations in the
 /// same order as [`run_chunk`], so the same bits.
 #[cfg(target_arch = "x86_64")]
-unsafe fn run_few(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch) {
+unsafe fn run_few(vnni: bool, t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch) {
     let nb = k / 32;
     for r in rows {
         for g in 0..b.groups {
             // SAFETY: row r and group g lie inside the batch (caller); the columns written are
             // the group's valid ones, in row r, which this caller owns.
             unsafe {
-                let v = avx2::row_group(t, b.a.add(r * b.a_nb1), nb, b.packed.add(g * nb * PACKED));
+                let (w, p) = (b.a.add(r * b.a_nb1), b.packed.add(g * nb * PACKED));
+                let v = if vnni {
+                    avx2::row_group_vnni(t, w, nb, p)
+                } else {
+                    avx2::row_group(t, w, nb, p)
+                };
                 let valid = (b.cols - g * GROUP).min(GROUP);
                 for (c, &y) in v.iter().enumerate().take(valid) {
                     *(b.dst.add((g * GROUP + c) * b.d_nb1 + 4 * r) as *mut f32) = y;
@@ -203,7 +217,14 @@ unsafe fn run_few(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch, scratch: *mut u8) {
+unsafe fn run_chunk(
+    vnni: bool,
+    t: DType,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    b: &Batch,
+    scratch: *mut u8,
+) {
     let nb = k / 32;
     let bsz = t.type_size();
     let nr = rows.len();
@@ -253,7 +274,12 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
                     // SAFETY: the accumulators of (ri, g) are 72 floats inside `accs`.
                     unsafe {
                         let acc = accs.as_mut_ptr().add((ri * gn + g) * 72);
-                        avx2::kernel(t, &wbs[ri * kn..(ri + 1) * kn], pk, acc, k0 == 0);
+                        let wr = &wbs[ri * kn..(ri + 1) * kn];
+                        if vnni {
+                            avx2::kernel_vnni(t, wr, pk, acc, k0 == 0);
+                        } else {
+                            avx2::kernel(t, wr, pk, acc, k0 == 0);
+                        }
                     }
                 }
             }
@@ -285,7 +311,7 @@ unsafe fn run_chunk(t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch,
 }
 
 #[cfg(target_arch = "x86_64")]
-// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+// the `unsafe` blocks around intrinsics date from a minimum Rust version before they were safe
 #[allow(unused_unsafe)]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -429,15 +455,15 @@ mod avx2 {
         }
     }
 
-    /// Calls `f::<V>(args)` with the kernel variant V of type `t`: 0 for the types whose codes
+    /// Calls `f::<T, V>(args)` with the kernel variant T of type `t`: 0 for the types whose codes
     /// carry a bias (q4_0, q5_0), 1 for q4_1, 2 for q8_0, 3 for q5_1.
     macro_rules! by_variant {
         ($t:expr, $f:ident($($arg:expr),*)) => {
             match $t {
-                DType::Q4_0 | DType::Q5_0 => $f::<0>($($arg),*),
-                DType::Q4_1 => $f::<1>($($arg),*),
-                DType::Q8_0 => $f::<2>($($arg),*),
-                DType::Q5_1 => $f::<3>($($arg),*),
+                DType::Q4_0 | DType::Q5_0 => $f::<0, V>($($arg),*),
+                DType::Q4_1 => $f::<1, V>($($arg),*),
+                DType::Q8_0 => $f::<2, V>($($arg),*),
+                DType::Q5_1 => $f::<3, V>($($arg),*),
                 _ => unreachable!("checked by supported"),
             }
         };
@@ -448,12 +474,35 @@ mod avx2 {
     /// `finish`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_group(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
+        // SAFETY: forwarded.
+        unsafe { row_group_in::<false>(t, w, nb, p) }
+    }
+
+    /// [`row_group`] with AVX-512 VNNI (the same integers, so the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn row_group_vnni(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
+        // SAFETY: forwarded.
+        unsafe { row_group_in::<true>(t, w, nb, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn row_group_in<const V: bool>(
+        t: DType,
+        w: *const u8,
+        nb: usize,
+        p: *const u8,
+    ) -> [f32; 8] {
         // SAFETY: forwarded (nb blocks at w and p).
         unsafe { by_variant!(t, row_body(t, w, nb, p)) }
     }
 
     #[inline(always)]
-    unsafe fn row_body<const T: u8>(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
+    unsafe fn row_body<const T: u8, const V: bool>(
+        t: DType,
+        w: *const u8,
+        nb: usize,
+        p: *const u8,
+    ) -> [f32; 8] {
         // SAFETY: as `row_group`.
         unsafe {
             let bsz = t.type_size();
@@ -470,7 +519,7 @@ mod avx2 {
             let mut summs = _mm256_setzero_ps();
             for j in 0..nb {
                 unpack(t, w.add(j * bsz), &mut wb);
-                block_step::<T>(&wb, p.add(j * PACKED), ones, &mut a, &mut summs);
+                block_step::<T, V>(&wb, p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(acc.as_mut_ptr().add(8 * i), *ai);
@@ -484,7 +533,7 @@ mod avx2 {
     /// and q5_1's Σ m·s, then the eight lanes — the per-block step of both `kernel` and
     /// `row_group`.
     #[inline(always)]
-    unsafe fn block_step<const T: u8>(
+    unsafe fn block_step<const T: u8, const V: bool>(
         wb: &WBlock,
         pb: *const u8,
         ones: __m256i,
@@ -500,7 +549,7 @@ mod avx2 {
                 *summs = _mm256_fmadd_ps(_mm256_set1_ps(wb.m), xs, *summs);
             }
             for (i, ai) in a.iter_mut().enumerate() {
-                *ai = lane_step::<T>(wb, pb, i, dd, ones, *ai);
+                *ai = lane_step::<T, V>(wb, pb, i, dd, ones, *ai);
             }
         }
     }
@@ -508,7 +557,7 @@ mod avx2 {
     /// Lane `i` of one block for the eight columns: the exact integer sum of the lane's four
     /// products per column, then one FMA into the lane's accumulator.
     #[inline(always)]
-    unsafe fn lane_step<const T: u8>(
+    unsafe fn lane_step<const T: u8, const V: bool>(
         wb: &WBlock,
         pb: *const u8,
         i: usize,
@@ -527,11 +576,18 @@ mod avx2 {
                 // L1, same process). w = 0 gives |w| = 0 either way; x = −128 stays −128 in both.
                 let aw =
                     _mm256_set1_epi32((wb.aq.as_ptr().add(4 * i) as *const i32).read_unaligned());
-                _mm256_maddubs_epi16(aw, _mm256_sub_epi8(_mm256_xor_si256(x, wv), wv))
+                let sx = _mm256_sub_epi8(_mm256_xor_si256(x, wv), wv);
+                if V {
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
+                }
+            } else if V {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, x)
             } else {
-                _mm256_maddubs_epi16(wv, x)
+                _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones)
             };
-            let mut s = _mm256_madd_epi16(prod, ones);
+            let mut s = prod;
             if T == 0 {
                 let x8 = _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
                 s = _mm256_sub_epi32(s, x8);
@@ -546,12 +602,36 @@ mod avx2 {
     /// `fresh`: the accumulators start from zero (the first K chunk) instead of from `acc`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+        // SAFETY: forwarded.
+        unsafe { kernel_in::<false>(t, wbs, p, acc, fresh) }
+    }
+
+    /// [`kernel`] with AVX-512 VNNI (the same integers, so the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn kernel_vnni(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+        // SAFETY: forwarded.
+        unsafe { kernel_in::<true>(t, wbs, p, acc, fresh) }
+    }
+
+    #[inline(always)]
+    unsafe fn kernel_in<const V: bool>(
+        t: DType,
+        wbs: &[WBlock],
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
         unsafe { by_variant!(t, body(wbs, p, acc, fresh)) }
     }
 
     #[inline(always)]
-    unsafe fn body<const T: u8>(wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+    unsafe fn body<const T: u8, const V: bool>(
+        wbs: &[WBlock],
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: as `kernel`.
         unsafe {
             let ones = _mm256_set1_epi16(1);
@@ -565,7 +645,7 @@ mod avx2 {
             let mut a: [__m256; 8] = std::array::from_fn(load);
             let mut summs = load(8);
             for (j, wb) in wbs.iter().enumerate() {
-                block_step::<T>(wb, p.add(j * PACKED), ones, &mut a, &mut summs);
+                block_step::<T, V>(wb, p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(acc.add(8 * i), *ai);

@@ -531,7 +531,10 @@ fn block_res(
 /// the definition the kernels are tested against.
 pub fn dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(supported(t), "qgemm_k: {t} is not supported");
-    assert!(k % QK_K == 0, "qgemm_k: {k} is not a multiple of {QK_K}");
+    assert!(
+        k.is_multiple_of(QK_K),
+        "qgemm_k: {k} is not a multiple of {QK_K}"
+    );
     let f = fmt(t);
     let (nb, bsz) = (k / QK_K, t.type_size());
     let sub = if f.sub16 { 16 } else { 32 };
@@ -683,6 +686,8 @@ pub unsafe fn run(
     #[cfg(target_arch = "x86_64")]
     let simd =
         matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available();
+    #[cfg(target_arch = "x86_64")]
+    let vnni = isa == crate::simd::Isa::Avx512 && crate::ops::qdot::avx2::vnni_available();
     #[cfg(not(target_arch = "x86_64"))]
     let simd = {
         let _ = isa;
@@ -712,10 +717,14 @@ pub unsafe fn run(
                     let acc = &mut accs[g * GROUP..];
                     if simd {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: AVX2/FMA present (checked); pk is one packed block; the
-                        // accumulator rows are inside `accs`.
+                        // SAFETY: AVX2/FMA present (checked), VNNI where its kernel runs; pk is
+                        // one packed block; the accumulator rows are inside `accs`.
                         unsafe {
-                            avx2::block(t, &wbs[..rn], pk, acc, stride)
+                            if vnni {
+                                avx2::block_vnni(t, &wbs[..rn], pk, acc, stride)
+                            } else {
+                                avx2::block(t, &wbs[..rn], pk, acc, stride)
+                            }
                         };
                     } else {
                         // SAFETY: pk points at one packed block (caller).
@@ -795,7 +804,7 @@ fn scalar_block(t: DType, wbs: &[WBlock], p: &[u8], acc: &mut [f32], stride: usi
 }
 
 #[cfg(target_arch = "x86_64")]
-// the intrinsics became safe inside `target_feature` functions after the minimum Rust version
+// the `unsafe` blocks around intrinsics date from a minimum Rust version before they were safe
 #[allow(unused_unsafe)]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -921,6 +930,26 @@ mod avx2 {
     /// One block of every row in `wbs` against one packed group, four rows at a time.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn block(t: DType, wbs: &[WBlock], p: *const u8, acc: &mut [f32], stride: usize) {
+        // SAFETY: forwarded.
+        unsafe { block_in(t, wbs, p, acc, stride) }
+    }
+
+    /// [`block`] compiled for AVX-512 VNNI: the compiler folds each `vpmaddwd` of a scale
+    /// and the `vpaddd` after it into one `vpdpwssd` (the same integers, so the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn block_vnni(
+        t: DType,
+        wbs: &[WBlock],
+        p: *const u8,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { block_in(t, wbs, p, acc, stride) }
+    }
+
+    #[inline(always)]
+    unsafe fn block_in(t: DType, wbs: &[WBlock], p: *const u8, acc: &mut [f32], stride: usize) {
         let mut r = 0;
         // SAFETY: p is one packed block (caller); the accumulator rows r..r+R, columns 0..8 lie
         // inside `acc` (rows < wbs.len(), row stride `stride` ≥ 8).
@@ -1080,7 +1109,7 @@ mod avx2 {
     const _: () = assert!(GROUP == 8);
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
