@@ -15,8 +15,11 @@ cd "$(dirname "$0")/.."
 [ "$(uname -m)" = x86_64 ] || { echo "test-avx512: x86_64 only" >&2; exit 2; }
 
 tests=(--lib --test qdot --test qdot_tiles --test qgemm_0 --test qgemm_k)
-cargo test -p tessera-cpu --no-run "${tests[@]}" 2>&1 | tee /dev/stderr \
-  | sed -n 's/^ *Executable .* (\(.*\))$/\1/p' > "${TMPDIR:-/tmp}/tessera-avx512-bins.txt"
+# (the build's messages are printed once it is done: `tee /dev/stderr` would reopen, and so
+# truncate, a log file that stderr is redirected to)
+build=$(cargo test -p tessera-cpu --no-run "${tests[@]}" 2>&1) || { echo "$build" >&2; exit 1; }
+echo "$build" >&2
+echo "$build" | sed -n 's/^ *Executable .* (\(.*\))$/\1/p' > "${TMPDIR:-/tmp}/tessera-avx512-bins.txt"
 bin() {
   local b
   b=$(grep -E "/$1-[0-9a-f]+$" "${TMPDIR:-/tmp}/tessera-avx512-bins.txt" | head -1)
