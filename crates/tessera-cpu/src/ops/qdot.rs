@@ -647,11 +647,15 @@ pub(crate) mod avx2 {
     /// Whether this CPU also runs the VNNI kernels (AVX-512 F/BW/VL + VNNI, as `Isa::Avx512`
     /// requires); checked again wherever `Isa::Avx512` is passed in by hand.
     pub fn vnni_available() -> bool {
-        available()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
+        // asked once per kernel call on AVX-512 CPUs: one load instead of five feature tests
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VNNI.get_or_init(|| {
+            available()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+        })
     }
 
     /// `get_scale_shuffle_q3k`: row i picks 16-bit scale 2i for the low 128-bit lane and 2i+1
