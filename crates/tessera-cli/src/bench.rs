@@ -18,7 +18,8 @@ pub struct Opts {
     /// Sections to run (all when empty); names from [`SECTIONS`].
     pub only: Vec<String>,
     /// The quant section's types and (K, M) shapes (all of [`QUANT_TYPES`] / [`QUANT_SHAPES`]
-    /// when empty), so that one cell can be timed alternately with another program.
+    /// when empty), so that one cell can be timed alternately with another program; the types
+    /// also pick the bandwidth section's (those of [`BIG_MATVEC_TYPES`] among them).
     pub types: Vec<DType>,
     pub shapes: Vec<(usize, usize)>,
 }
@@ -504,7 +505,10 @@ fn section_bandwidth(o: &Opts) {
     println!("|---|---|---|---|---|");
     for &th in &o.threads {
         let cpu = CpuBackend::new(th);
-        for &t in &BIG_MATVEC_TYPES {
+        for &t in BIG_MATVEC_TYPES
+            .iter()
+            .filter(|t| o.types.is_empty() || o.types.contains(t))
+        {
             // The bandwidth is measured next to each type, so a host slowdown shows in both.
             let bw = bench_read_bandwidth(th, o.reps, BYTES);
             let mv = bench_big_matvec(&cpu, o.reps, t, BYTES);

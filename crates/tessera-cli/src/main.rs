@@ -118,7 +118,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// The quant section's weight types, comma separated (q4_0, q8_0, q4_K, ...; its seven
-        /// when absent).
+        /// when absent); also the bandwidth section's (of its q4_0, q4_1, q8_0, q4_K, q6_K).
         #[arg(long, value_delimiter = ',')]
         types: Vec<String>,
         /// The quant section's shapes K×M, comma separated (e.g. 576x1536; its three when

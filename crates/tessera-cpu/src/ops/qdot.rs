@@ -807,6 +807,26 @@ pub(crate) mod avx2 {
             DType::IQ4NL => rows!(iq4_nl),
             DType::Q2K => rows!(q2_k),
             DType::Q3K => rows!(q3_k),
+            DType::Q4K | DType::Q5K if nb <= PAIR_SUMS_MAX_BLOCKS && out.len() > 1 => {
+                let mut sums = [_mm_setzero_si128(); PAIR_SUMS_MAX_BLOCKS];
+                for (i, s) in sums.iter_mut().take(nb).enumerate() {
+                    // SAFETY: nb activation blocks at x (caller).
+                    *s = unsafe { q8k_pair_sums(x.add(i * Q8_K_SIZE)) };
+                }
+                let sums = sums.as_ptr();
+                // SAFETY: row r lies at w + r * stride (caller); the closures read entries
+                // below nb, all written above.
+                unsafe {
+                    for (r, o) in out.iter_mut().enumerate() {
+                        let wr = w.add(r * stride);
+                        *o = if t == DType::Q4K {
+                            q4_k_with::<V, _>(wr, x, nb, |_, i| *sums.add(i))
+                        } else {
+                            q5_k_with::<V, _>(wr, x, nb, |_, i| *sums.add(i))
+                        };
+                    }
+                }
+            }
             DType::Q4K => rows!(q4_k),
             DType::Q5K => rows!(q5_k),
             DType::Q6K => rows!(q6_k),
@@ -1184,47 +1204,102 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// q4_K / q5_K: the unpacked scales and mins as 16 i16 (scales in the low half), and the
-    /// group sums of the activations added in pairs, one per 32 elements (8 i16).
+    /// q4_K / q5_K: the 6-bit scales and mins at `s` unpacked to 16 i16 (scales in the low
+    /// half), [`k4_scales_mins`] in vector registers (its scalar form costs a q4_K mat-vec
+    /// about a tenth of its time). Reads 16 bytes: the 12 of the scales and 4 of the codes or
+    /// high bits after them, which it ignores.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn k4_prelude(scales: *const u8, xb: *const u8) -> (__m256i, __m128i) {
-        // SAFETY: 12 scale bytes at `scales`, one q8_K block at xb (caller).
+    unsafe fn k4_scales_mins_v(s: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at s (caller).
         unsafe {
-            let [u0, u1, u2, u3] = k4_scales_mins(std::slice::from_raw_parts(scales, 12));
-            let sm =
-                _mm256_cvtepu8_epi16(_mm_set_epi32(u3 as i32, u2 as i32, u1 as i32, u0 as i32));
+            // words u0 u1 u2 (and one ignored) in the four lanes
+            let v = load128(s);
+            let low6 = _mm_and_si128(v, _mm_set1_epi32(0x3f3f_3f3f));
+            // ((u >> 6) & 0x03030303) << 4 for u0, u1
+            let top2 = _mm_and_si128(_mm_srli_epi32::<2>(v), _mm_set1_epi32(0x3030_3030));
+            // u2 & 0x0f0f0f0f, (u2 >> 4) & 0x0f0f0f0f
+            let u2 = _mm_srlv_epi32(_mm_shuffle_epi32::<0xAA>(v), _mm_set_epi32(0, 0, 4, 0));
+            let mixed = _mm_or_si128(_mm_and_si128(u2, _mm_set1_epi32(0x0f0f_0f0f)), top2);
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi32(low6, mixed))
+        }
+    }
+
+    /// The group sums of a q8_K block's activations added in pairs, one per 32 elements (8 i16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8k_pair_sums(xb: *const u8) -> __m128i {
+        // SAFETY: one q8_K block at xb (caller).
+        unsafe {
             let bsums = load256(xb.add(4 + QK_K));
-            let q8s = _mm_hadd_epi16(
+            _mm_hadd_epi16(
                 _mm256_extracti128_si256::<0>(bsums),
                 _mm256_extracti128_si256::<1>(bsums),
-            );
-            (sm, q8s)
+            )
         }
+    }
+
+    /// Most activation blocks for which a q4_K / q5_K mat-vec takes [`q8k_pair_sums`] from a
+    /// copy made once per call (4 KiB on the stack): K up to 65536.
+    const PAIR_SUMS_MAX_BLOCKS: usize = 256;
+
+    /// A q4_K / q5_K block's `d` and `dmin` (the block's first four bytes, two f16) times the
+    /// activations' scale `yd`: `yd·d` in lane 0 and `-yd·dmin` in lane 1 (ggml's two scalar
+    /// products, in one conversion and one multiplication).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k4_block_scales(wb: *const u8, xb: *const u8) -> __m128 {
+        // SAFETY: four readable bytes at wb and at xb (caller).
+        unsafe {
+            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128((wb as *const i32).read_unaligned()));
+            let yd = _mm_set1_ps(f32_le(xb));
+            let minus_lane1 = _mm_castsi128_ps(_mm_set_epi32(0, 0, i32::MIN, 0));
+            _mm_mul_ps(_mm_xor_ps(yd, minus_lane1), dd)
+        }
+    }
+
+    /// [`SHUF_K4`] behind a pointer the compiler cannot see through. Given the table itself it
+    /// turns each one-instruction `vpshufb` of a scale into two shuffles (`vpshuflw` +
+    /// `vpshufd`), which in q4_K's mat-vec costs 8 more instructions a superblock.
+    #[inline(always)]
+    fn shuf_k4_opaque() -> *const u8 {
+        std::hint::black_box(SHUF_K4.as_ptr() as *const u8)
     }
 
     #[inline(always)]
     unsafe fn q4_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
-        // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
+        // SAFETY: forwarded.
+        unsafe { q4_k_with::<V, _>(w, x, nb, |xb, _| q8k_pair_sums(xb)) }
+    }
+
+    /// q4_K with the activations' pair sums of block `i` (at `xb`) from `pair_sums(xb, i)`.
+    #[inline(always)]
+    unsafe fn q4_k_with<const V: bool, P: Fn(*const u8, usize) -> __m128i>(
+        w: *const u8,
+        x: *const u8,
+        nb: usize,
+        pair_sums: P,
+    ) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); a block's scales are followed by its
+        // codes, so 16 bytes are readable there; the shuffle table has 8 rows of 32 bytes.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
+            let shuf = shuf_k4_opaque();
             let mut acc = _mm256_setzero_ps();
             let mut acc_m = _mm_setzero_ps();
             for i in 0..nb {
                 let (wb, xb) = (w.add(i * 144), x.add(i * Q8_K_SIZE));
                 prefetch_block::<144>(wb);
-                let yd = f32_le(xb);
-                let d = yd * f16(wb);
-                let dmin = -yd * f16(wb.add(2));
-                let (sm, q8s) = k4_prelude(wb.add(4), xb);
-                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), q8s);
-                acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+                let dd = k4_block_scales(wb, xb);
+                let sm = k4_scales_mins_v(wb.add(4));
+                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), pair_sums(xb, i));
+                acc_m = _mm_fmadd_ps(_mm_permute_ps::<0x55>(dd), _mm_cvtepi32_ps(prod), acc_m);
                 let scales = both_halves::<0>(sm);
                 let (mut q4, mut q8) = (wb.add(16), xb.add(4));
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..QK_K / 64 {
-                    let scale_l = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j].as_ptr()));
-                    let scale_h = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j + 1].as_ptr()));
+                    let scale_l = _mm256_shuffle_epi8(scales, load256(shuf.add(64 * j)));
+                    let scale_h = _mm256_shuffle_epi8(scales, load256(shuf.add(64 * j + 32)));
                     let bits = load256(q4);
                     q4 = q4.add(32);
                     let lo = _mm256_and_si256(bits, m4);
@@ -1235,7 +1310,7 @@ pub(crate) mod avx2 {
                     q8 = q8.add(64);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
                 }
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
             }
             let acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
             let acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
@@ -1245,20 +1320,33 @@ pub(crate) mod avx2 {
 
     #[inline(always)]
     unsafe fn q5_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
-        // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
+        // SAFETY: forwarded.
+        unsafe { q5_k_with::<V, _>(w, x, nb, |xb, _| q8k_pair_sums(xb)) }
+    }
+
+    /// q5_K with the activations' pair sums of block `i` (at `xb`) from `pair_sums(xb, i)`.
+    #[inline(always)]
+    unsafe fn q5_k_with<const V: bool, P: Fn(*const u8, usize) -> __m128i>(
+        w: *const u8,
+        x: *const u8,
+        nb: usize,
+        pair_sums: P,
+    ) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); a block's scales are followed by its
+        // high bits, so 16 bytes are readable there; the shuffle table has 8 rows of 32 bytes.
         unsafe {
             let m4 = _mm256_set1_epi8(15);
+            let shuf = shuf_k4_opaque();
             let zero = _mm_setzero_si128();
             let mut acc = _mm256_setzero_ps();
             let mut summs = 0f32;
             for i in 0..nb {
                 let (wb, xb) = (w.add(i * 176), x.add(i * Q8_K_SIZE));
                 prefetch_block::<176>(wb);
-                let yd = f32_le(xb);
-                let d = yd * f16(wb);
-                let dmin = -yd * f16(wb.add(2));
-                let (sm, q8s) = k4_prelude(wb.add(4), xb);
-                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), q8s);
+                let dd = k4_block_scales(wb, xb);
+                let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+                let sm = k4_scales_mins_v(wb.add(4));
+                let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), pair_sums(xb, i));
                 let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, zero), zero);
                 // gcc fuses ggml's `summs += dmin * sum`
                 summs = dmin.mul_add(_mm_cvtsi128_si32(total) as f32, summs);
@@ -1268,8 +1356,8 @@ pub(crate) mod avx2 {
                 let (mut q5, mut q8) = (wb.add(48), xb.add(4));
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..QK_K / 64 {
-                    let scale_0 = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j].as_ptr()));
-                    let scale_1 = _mm256_shuffle_epi8(scales, load256(SHUF_K4[2 * j + 1].as_ptr()));
+                    let scale_0 = _mm256_shuffle_epi8(scales, load256(shuf.add(64 * j)));
+                    let scale_1 = _mm256_shuffle_epi8(scales, load256(shuf.add(64 * j + 32)));
                     let bits = load256(q5);
                     q5 = q5.add(32);
                     // the fifth bits of this pair of 32-element groups: bits 2j and 2j+1 of qh
@@ -1289,7 +1377,7 @@ pub(crate) mod avx2 {
                     q8 = q8.add(64);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
                 }
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
             }
             hsum(acc) + summs
         }
