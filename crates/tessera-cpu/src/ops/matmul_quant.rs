@@ -613,7 +613,7 @@ fn f16(b: &[u8], at: usize) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn vnni(isa: Isa) -> bool {
-    isa == Isa::Avx512 && super::qdot::avx2::vnni_available()
+    super::qdot::avx2::uses_vnni(isa)
 }
 
 /// Dot product of one weight row (q4_0, q4_1 or q8_0) with one activation row in its

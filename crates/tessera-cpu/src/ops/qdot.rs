@@ -102,7 +102,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         // kernel runs; w and x hold at least nb blocks of their formats (asserted above),
         // which is all the kernels read.
         return unsafe {
-            if isa == Isa::Avx512 && avx2::vnni_available() {
+            if avx2::uses_vnni(isa) {
                 avx2::vec_dot_vnni(t, w, x, nb)
             } else {
                 avx2::vec_dot(t, w, x, nb)
@@ -163,7 +163,7 @@ pub fn vec_dot_rows(
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above), and VNNI where that kernel
         // runs; every row and x hold nb blocks of their formats (asserted above).
         unsafe {
-            if isa == Isa::Avx512 && avx2::vnni_available() {
+            if avx2::uses_vnni(isa) {
                 avx2::vec_dot_rows_vnni(t, w.as_ptr(), stride, x, nb, out)
             } else {
                 avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out)
@@ -642,6 +642,14 @@ pub(crate) mod avx2 {
         is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
+    }
+
+    /// Whether a kernel called with `isa` takes its VNNI entry point: `isa` asks for AVX-512
+    /// and this CPU has VNNI (an `Isa::Avx512` passed in by hand on a CPU without it gets the
+    /// AVX2 kernels). The one test every dispatcher of the two entry points makes.
+    #[inline]
+    pub(crate) fn uses_vnni(isa: Isa) -> bool {
+        isa == Isa::Avx512 && vnni_available()
     }
 
     /// Whether this CPU also runs the VNNI kernels (AVX-512 F/BW/VL + VNNI, as `Isa::Avx512`

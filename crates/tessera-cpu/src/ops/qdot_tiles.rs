@@ -55,7 +55,7 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
         // weight blocks and every column at least nb q8_K blocks (asserted above), which is all
         // the kernels read.
         return unsafe {
-            if isa == Isa::Avx512 && super::qdot::avx2::vnni_available() {
+            if super::qdot::avx2::uses_vnni(isa) {
                 avx2::tile_vnni(t, w.as_ptr(), xp, nb)
             } else {
                 avx2::tile(t, w.as_ptr(), xp, nb)

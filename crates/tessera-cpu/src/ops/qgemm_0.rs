@@ -168,7 +168,7 @@ pub unsafe fn run(
     scratch: *mut u8,
 ) {
     // AVX-512 VNNI: the same integer sums with `vpdpbusd`
-    let vnni = isa == crate::simd::Isa::Avx512 && crate::ops::qdot::avx2::vnni_available();
+    let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
     if b.groups <= FEW_GROUPS {
         // SAFETY: forwarded.
         unsafe { run_few(vnni, t, k, rows, b) };

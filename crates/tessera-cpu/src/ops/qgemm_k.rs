@@ -687,7 +687,7 @@ pub unsafe fn run(
     let simd =
         matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available();
     #[cfg(target_arch = "x86_64")]
-    let vnni = isa == crate::simd::Isa::Avx512 && crate::ops::qdot::avx2::vnni_available();
+    let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = {
         let _ = isa;
