@@ -280,39 +280,49 @@ fn rejects_unsupported_types() {
 /// `vec_dot`'s bits, for rows packed back to back and rows further apart (a view), on both ISAs.
 #[test]
 fn vec_dot_rows_equals_vec_dot_on_every_row() {
-    use tessera_cpu::ops::qdot::vec_dot_rows;
     for (ti, &t) in TYPES.iter().enumerate() {
-        let k = 512;
-        let row = t.row_size(k).unwrap();
-        let vdt = vec_dot_type(t);
-        let mut next = rng(100 + ti as u64);
-        let xv: Vec<f32> = (0..k).map(|_| next()).collect();
-        let mut x = vec![0u8; vdt.row_size(k).unwrap()];
-        quantize_activations(vdt, &xv, &mut x).unwrap();
-        for stride in [row, row + 7] {
-            let n = 9;
-            let mut w = vec![0u8; (n - 1) * stride + row];
-            for r in 0..n {
-                let wv: Vec<f32> = (0..k).map(|_| next()).collect();
-                tessera_quants::quantize_row(
-                    t.id(),
-                    &wv,
-                    &mut w[r * stride..r * stride + row],
-                    None,
-                )
+        rows_against_vec_dot(t, 512, 100 + ti as u64);
+    }
+}
+
+/// The same for long rows of the types whose mat-vec takes something from the activations once
+/// for all rows (q4_K/q5_K: pair sums of up to 256 blocks, iq4_xs: magnitudes of up to 56):
+/// rows within those limits and rows past them (the kernels then take it block by block).
+#[test]
+fn vec_dot_rows_equals_vec_dot_on_long_rows() {
+    for (ti, &t) in [DType::Q4K, DType::Q5K, DType::IQ4XS].iter().enumerate() {
+        for (ki, blocks) in [56, 57, 256, 257].into_iter().enumerate() {
+            rows_against_vec_dot(t, 256 * blocks, 200 + 10 * ti as u64 + ki as u64);
+        }
+    }
+}
+
+fn rows_against_vec_dot(t: DType, k: usize, seed: u64) {
+    use tessera_cpu::ops::qdot::vec_dot_rows;
+    let row = t.row_size(k).unwrap();
+    let vdt = vec_dot_type(t);
+    let mut next = rng(seed);
+    let xv: Vec<f32> = (0..k).map(|_| next()).collect();
+    let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+    quantize_activations(vdt, &xv, &mut x).unwrap();
+    for stride in [row, row + 7] {
+        let n = 9;
+        let mut w = vec![0u8; (n - 1) * stride + row];
+        for r in 0..n {
+            let wv: Vec<f32> = (0..k).map(|_| next()).collect();
+            tessera_quants::quantize_row(t.id(), &wv, &mut w[r * stride..r * stride + row], None)
                 .unwrap();
-            }
-            for isa in [Isa::Scalar, tessera_cpu::simd::isa()] {
-                let mut out = vec![0f32; n];
-                vec_dot_rows(isa, t, &w, stride, &x, k, &mut out);
-                for (r, &o) in out.iter().enumerate() {
-                    let want = vec_dot(isa, t, &w[r * stride..r * stride + row], &x, k);
-                    assert_eq!(
-                        o.to_bits(),
-                        want.to_bits(),
-                        "{t} row {r} stride {stride} {isa:?}"
-                    );
-                }
+        }
+        for isa in [Isa::Scalar, tessera_cpu::simd::isa()] {
+            let mut out = vec![0f32; n];
+            vec_dot_rows(isa, t, &w, stride, &x, k, &mut out);
+            for (r, &o) in out.iter().enumerate() {
+                let want = vec_dot(isa, t, &w[r * stride..r * stride + row], &x, k);
+                assert_eq!(
+                    o.to_bits(),
+                    want.to_bits(),
+                    "{t} k={k} row {r} stride {stride} {isa:?}"
+                );
             }
         }
     }
