@@ -187,7 +187,7 @@ pub mod profile {
         };
         let total: Duration = m.values().map(|v| v.0).sum();
         let mut v: Vec<_> = m.iter().collect();
-        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        v.sort_by_key(|b| std::cmp::Reverse(b.1 .0));
         let mut s = format!(
             "{:<48} {:>10} {:>8} {:>6}\n",
             "op(source types)", "ms", "nodes", "%"

@@ -236,7 +236,7 @@ pub fn requires_imatrix(type_id: u32) -> bool {
 }
 
 fn check_len(f: &Format, n: usize, bytes: usize) -> Result<(), QuantError> {
-    if n % f.block_size != 0 {
+    if !n.is_multiple_of(f.block_size) {
         return Err(QuantError::NotBlockMultiple {
             type_name: f.name,
             len: n,

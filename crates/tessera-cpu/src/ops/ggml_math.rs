@@ -121,6 +121,9 @@ pub mod avx2 {
     }
 
     /// ggml's `ggml_v_expf` on 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn expf8(x: __m256) -> __m256 {

@@ -1143,9 +1143,6 @@ mod avx2 {
         }
     }
 
-    /// One block of 32 activations to q8_0 (or q8_1 with its sum), as ggml's AVX2
-    /// `quantize_row_q8_0/1` does; the same bytes as `quantize_activations`' scalar form.
-
     /// One q8_K block (256 floats → 292 bytes) exactly as ggml's reference quantizer, which
     /// ggml's x86 backend uses: the element of largest magnitude (the first such) sets
     /// `iscale = −127/max`, values round half to even (`nearest_int` is that for |v| < 2²²),
@@ -1215,6 +1212,9 @@ mod avx2 {
             true
         }
     }
+
+    /// One block of 32 activations to q8_0 (or q8_1 with its sum), as ggml's AVX2
+    /// `quantize_row_q8_0/1` does; the same bytes as `quantize_activations`' scalar form.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_block_q8(x: *const f32, y: *mut u8, q8_1: bool) {
         // SAFETY: 32 readable floats at x; 34 (q8_0) or 36 (q8_1) writable bytes at y.

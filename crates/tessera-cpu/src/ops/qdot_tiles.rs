@@ -36,7 +36,7 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
     }
     let bs = t.block_size();
     assert!(
-        k % bs == 0,
+        k.is_multiple_of(bs),
         "qdot_tiles: {k} elements are not whole {t} blocks of {bs}"
     );
     let nb = k / bs;

@@ -48,7 +48,7 @@ pub(super) fn scratch_floats(dk: usize, dv: usize) -> usize {
 
 /// Whether the SIMD form applies (vectors of 8 along D and Dv).
 pub(super) fn simd_shape(dk: usize, dv: usize) -> bool {
-    dk % 8 == 0 && dv % 8 == 0
+    dk.is_multiple_of(8) && dv.is_multiple_of(8)
 }
 
 /// Element `i` of a K/V row as f32.
