@@ -8,7 +8,8 @@
 //!   `vpmaddubsw` + `vpmaddwd`, block sums exact in integers, one f32 FMA per block), with
 //!   four-row and 4×2 / 4×3 tile forms that share activation loads and scale conversions;
 //! - every other type has its integer kernel in `qdot` (and `qdot_iq2`, `qdot_iq13`,
-//!   `qdot_fp`), one row at a time;
+//!   `qdot_fp`), one row at a time; q5_0, q5_1 and iq4_nl also have a four-row form here for
+//!   mat-vec (the same arithmetic per row);
 //! - a type without one (none at present) would dequantize its weight row into the thread's
 //!   scratch and take an f32 dot product with the *dequantized* activations.
 
@@ -46,6 +47,12 @@ const ROWS_PER_TAKE: usize = 32;
 /// Types whose kernels live in this file (with the four-row variant).
 fn local_kernel(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// Types whose one-row kernel lives in `qdot` but which also have a four-row form here (used
+/// for mat-vec; more columns take `qgemm_0` or the one-row kernels).
+fn four_row_only(t: DType) -> bool {
+    matches!(t, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL)
 }
 
 pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
@@ -292,7 +299,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
     let pf = (4 * a.nb[1]).max(4096);
     let ahead = 4096usize.div_ceil(a.nb[1].max(1)).max(1);
-    if n <= FAR_ROWS_MAX_COLS && local_kernel(a.dtype) {
+    if (n <= FAR_ROWS_MAX_COLS && local_kernel(a.dtype)) || (n == 1 && four_row_only(a.dtype)) {
         // Mat-vec and a few columns (decode, one per sequence): each four-row call takes its
         // rows from the four quarters of this thread's rows (q, q + Q, q + 2Q, q + 3Q), so the
         // weights stream from memory as four long sequential runs. Four adjacent short rows
@@ -651,9 +658,11 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 /// Four weight rows against one activation row; each result is bit-identical to `vec_dot`'s.
+/// Four-row kernels for q4_0, q4_1, q8_0, q5_0, q5_1 and iq4_nl; other types (and ISAs) take
+/// `vec_dot` row by row.
 pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa != Isa::Neon {
+    if isa >= Isa::Avx2 && isa != Isa::Neon && (local_kernel(t) || four_row_only(t)) {
         // SAFETY: as in `vec_dot`; prefetching never faults, whatever the address.
         return unsafe {
             if vnni(isa) {
@@ -670,7 +679,7 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
 /// Four weight rows against two activation rows: `out[c][r]`, each bit-identical to `vec_dot`.
 pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -> [[f32; 4]; 2] {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa != Isa::Neon {
+    if isa >= Isa::Avx2 && isa != Isa::Neon && local_kernel(t) {
         // SAFETY: as in `vec_dot`.
         return unsafe {
             if vnni(isa) {
@@ -686,7 +695,7 @@ pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -
 /// Four weight rows against three activation rows (see `vec_dot_4x2`).
 pub fn vec_dot_4x3(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 3], k: usize) -> [[f32; 4]; 3] {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa != Isa::Neon {
+    if isa >= Isa::Avx2 && isa != Isa::Neon && local_kernel(t) {
         // SAFETY: as in `vec_dot`.
         return unsafe {
             if vnni(isa) {
@@ -781,7 +790,9 @@ mod avx2 {
     use std::arch::x86_64::*;
     use tessera::DType;
 
-    use crate::ops::qdot::avx2::{dot4, dot4_i8, nibbles};
+    use crate::ops::qdot::avx2::{
+        bits_to_bytes, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, nibbles,
+    };
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -994,6 +1005,97 @@ mod avx2 {
                         hsum(acc[2]) + s[5],
                         hsum(acc[3]) + s[7],
                     ]
+                }
+                // q5_0, q5_1 and iq4_nl: the one-row kernels of `qdot` (ggml's), four rows at
+                // a time, each row's integers and float operations unchanged
+                DType::Q5_0 => {
+                    for i in 0..nb {
+                        let xb = xp.add(i * 34);
+                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                        // Σ(u-16)·y = Σ u·y - Σ 16·y with u = nibble + 16·fifth bit (0..31),
+                        // lane by lane: ggml's integers (its sign trick is exact for the
+                        // activations' codes, within ±127), with no sign operations per row
+                        let y16 = dot4::<V>(_mm256_set1_epi8(16), y);
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 22));
+                        let d = _mm256_castps128_ps256(_mm_mul_ps(
+                            _mm_cvtph_ps(gather4_u16(wb)),
+                            _mm_set1_ps(f16(xb)),
+                        ));
+                        for r in 0..4 {
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                            let hi =
+                                _mm256_and_si256(bits_to_bytes(wb[r].add(2)), _mm256_set1_epi8(16));
+                            let u = _mm256_or_si256(nibbles(wb[r].add(6)), hi);
+                            let p = _mm256_sub_epi32(dot4::<V>(u, y), y16);
+                            let p = _mm256_cvtepi32_ps(p);
+                            acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
+                        }
+                    }
+                    acc.map(|a| hsum(a))
+                }
+                DType::Q5_1 => {
+                    // lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
+                    let mut summs = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let xb = xp.add(i * 36);
+                        let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
+                        let xs =
+                            _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
+                        let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
+                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 24));
+                        let dm = _mm256_cvtph_ps(gather4_i32(wb));
+                        summs = _mm256_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
+                        let d = _mm256_mul_ps(dm, xs);
+                        for r in 0..4 {
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                            let hi =
+                                _mm256_and_si256(bits_to_bytes(wb[r].add(4)), _mm256_set1_epi8(16));
+                            let q = _mm256_or_si256(nibbles(wb[r].add(8)), hi);
+                            let p = _mm256_cvtepi32_ps(dot4::<V>(q, y));
+                            acc[r] = _mm256_fmadd_ps(p, lane(d, 2 * r as i32), acc[r]);
+                        }
+                    }
+                    let mut s = [0f32; 8];
+                    _mm256_storeu_ps(s.as_mut_ptr(), summs);
+                    [
+                        hsum(acc[0]) + s[1],
+                        hsum(acc[1]) + s[3],
+                        hsum(acc[2]) + s[5],
+                        hsum(acc[3]) + s[7],
+                    ]
+                }
+                DType::IQ4NL => {
+                    // even blocks into acc, odd ones into acc2 (ggml's pairs of blocks)
+                    let mut acc2 = [_mm256_setzero_ps(); 4];
+                    let mut i = 0;
+                    while i + 1 < nb {
+                        for (h, acc) in [&mut acc, &mut acc2].into_iter().enumerate() {
+                            let xb = xp.add((i + h) * 34);
+                            let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                            let wb: [*const u8; 4] =
+                                std::array::from_fn(|r| wp[r].add((i + h) * 18));
+                            let d = _mm256_castps128_ps256(_mm_mul_ps(
+                                _mm_set1_ps(f16(xb)),
+                                _mm_cvtph_ps(gather4_u16(wb)),
+                            ));
+                            for r in 0..4 {
+                                if h == 0 {
+                                    _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                                }
+                                let p = dot4_i8::<V>(iq4_values(wb[r].add(2)), y);
+                                let p = _mm256_cvtepi32_ps(p);
+                                acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
+                            }
+                        }
+                        i += 2;
+                    }
+                    std::array::from_fn(|r| {
+                        let mut sumf = hsum(_mm256_add_ps(acc[r], acc2[r]));
+                        if i < nb {
+                            sumf += iq4_nl_odd_block(wp[r].add(i * 18), xp.add(i * 34));
+                        }
+                        sumf
+                    })
                 }
                 DType::Q8_0 => {
                     for i in 0..nb {

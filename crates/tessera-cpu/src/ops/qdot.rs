@@ -959,7 +959,7 @@ pub(crate) mod avx2 {
     /// The 32 bits at p spread to 32 bytes: 0xFF where the bit is set, 0 where not.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
+    pub(crate) unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
         // SAFETY: four readable bytes at p (caller).
         unsafe {
             let v = (p as *const i32).read_unaligned();
@@ -1101,19 +1101,28 @@ pub(crate) mod avx2 {
                 i += 2;
             }
             let mut sumf = hsum(_mm256_add_ps(acc1, acc2));
-            // an odd last block the generic way (gcc does not fuse this one)
             if i < nb {
-                let (wb, xb) = (w.add(i * 18), x.add(i * Q8_0_SIZE));
-                let d = f16(xb) * f16(wb);
-                let (mut s1, mut s2) = (0i32, 0i32);
-                for j in 0..16 {
-                    let q = *wb.add(2 + j);
-                    s1 += *xb.add(2 + j) as i8 as i32 * KVALUES_IQ4NL[(q & 15) as usize] as i32;
-                    s2 += *xb.add(18 + j) as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
-                }
-                sumf += d * (s1 + s2) as f32;
+                sumf += iq4_nl_odd_block(w.add(i * 18), x.add(i * Q8_0_SIZE));
             }
             sumf
+        }
+    }
+
+    /// ggml's AVX2 iq4_nl kernel takes blocks in pairs and an odd last block the generic way
+    /// (gcc does not fuse this one): that block's term.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn iq4_nl_odd_block(wb: *const u8, xb: *const u8) -> f32 {
+        // SAFETY: one iq4_nl block at wb and one q8_0 block at xb (caller).
+        unsafe {
+            let d = f16(xb) * f16(wb);
+            let (mut s1, mut s2) = (0i32, 0i32);
+            for j in 0..16 {
+                let q = *wb.add(2 + j);
+                s1 += *xb.add(2 + j) as i8 as i32 * KVALUES_IQ4NL[(q & 15) as usize] as i32;
+                s2 += *xb.add(18 + j) as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+            }
+            d * (s1 + s2) as f32
         }
     }
 
