@@ -952,118 +952,22 @@ mod avx2 {
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 4];
             match t {
-                DType::Q4_0 => {
-                    for i in 0..nb {
-                        let xb = xp.add(i * 34);
-                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: the same integers as vec_dot
-                        let y8 = dot4::<V>(_mm256_set1_epi8(8), y);
-                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 18));
-                        let d = _mm256_castps128_ps256(_mm_mul_ps(
-                            _mm_cvtph_ps(gather4_u16(wb)),
-                            _mm_set1_ps(f16(xb)),
-                        ));
-                        for r in 0..4 {
-                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let p = dot4::<V>(nibbles(wb[r].add(2)), y);
-                            let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, y8));
-                            acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
-                        }
-                    }
-                    acc.map(|a| hsum(a))
-                }
-                DType::Q4_1 => {
-                    // lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
-                    let mut summs = _mm256_setzero_ps();
-                    for i in 0..nb {
-                        let xb = xp.add(i * 36);
-                        let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
-                        // [dx sx] of the activation block in every pair of lanes
-                        let xs =
-                            _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
-                        let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
-                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 20));
-                        // [d0 m0 d1 m1 d2 m2 d3 m3]: the adjacent f16 pairs of four rows
-                        let dm = _mm256_cvtph_ps(gather4_i32(wb));
-                        summs = _mm256_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
-                        let d = _mm256_mul_ps(dm, xs);
-                        for r in 0..4 {
-                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let p = dot4::<V>(nibbles(wb[r].add(4)), y);
-                            acc[r] = _mm256_fmadd_ps(
-                                lane(d, 2 * r as i32),
-                                _mm256_cvtepi32_ps(p),
-                                acc[r],
-                            );
-                        }
-                    }
-                    let mut s = [0f32; 8];
-                    _mm256_storeu_ps(s.as_mut_ptr(), summs);
-                    [
-                        hsum(acc[0]) + s[1],
-                        hsum(acc[1]) + s[3],
-                        hsum(acc[2]) + s[5],
-                        hsum(acc[3]) + s[7],
-                    ]
-                }
+                // Σ(n-8)·y = Σ n·y - Σ 8·y, lane by lane: the same integers as vec_dot
+                DType::Q4_0 => rows4_offset::<V>(wp, xp, nb, 18, 8, pf, |wb| nibbles(wb.add(2))),
+                DType::Q4_1 => rows4_with_min::<V>(wp, xp, nb, 20, pf, |wb| nibbles(wb.add(4))),
                 // q5_0, q5_1 and iq4_nl: the one-row kernels of `qdot` (ggml's), four rows at
-                // a time, each row's integers and float operations unchanged
-                DType::Q5_0 => {
-                    for i in 0..nb {
-                        let xb = xp.add(i * 34);
-                        let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                        // Σ(u-16)·y = Σ u·y - Σ 16·y with u = nibble + 16·fifth bit (0..31),
-                        // lane by lane: ggml's integers (its sign trick is exact for the
-                        // activations' codes, within ±127), with no sign operations per row
-                        let y16 = dot4::<V>(_mm256_set1_epi8(16), y);
-                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 22));
-                        let d = _mm256_castps128_ps256(_mm_mul_ps(
-                            _mm_cvtph_ps(gather4_u16(wb)),
-                            _mm_set1_ps(f16(xb)),
-                        ));
-                        for r in 0..4 {
-                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let hi =
-                                _mm256_and_si256(bits_to_bytes(wb[r].add(2)), _mm256_set1_epi8(16));
-                            let u = _mm256_or_si256(nibbles(wb[r].add(6)), hi);
-                            let p = _mm256_sub_epi32(dot4::<V>(u, y), y16);
-                            let p = _mm256_cvtepi32_ps(p);
-                            acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
-                        }
-                    }
-                    acc.map(|a| hsum(a))
-                }
-                DType::Q5_1 => {
-                    // lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
-                    let mut summs = _mm256_setzero_ps();
-                    for i in 0..nb {
-                        let xb = xp.add(i * 36);
-                        let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
-                        let xs =
-                            _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
-                        let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
-                        let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * 24));
-                        let dm = _mm256_cvtph_ps(gather4_i32(wb));
-                        summs = _mm256_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
-                        let d = _mm256_mul_ps(dm, xs);
-                        for r in 0..4 {
-                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                            let hi =
-                                _mm256_and_si256(bits_to_bytes(wb[r].add(4)), _mm256_set1_epi8(16));
-                            let q = _mm256_or_si256(nibbles(wb[r].add(8)), hi);
-                            let p = _mm256_cvtepi32_ps(dot4::<V>(q, y));
-                            acc[r] = _mm256_fmadd_ps(p, lane(d, 2 * r as i32), acc[r]);
-                        }
-                    }
-                    let mut s = [0f32; 8];
-                    _mm256_storeu_ps(s.as_mut_ptr(), summs);
-                    [
-                        hsum(acc[0]) + s[1],
-                        hsum(acc[1]) + s[3],
-                        hsum(acc[2]) + s[5],
-                        hsum(acc[3]) + s[7],
-                    ]
-                }
+                // a time, each row's integers and float operations unchanged. q5_0's values
+                // u - 16 with u = nibble + 16·fifth bit (0..31): Σ(u-16)·y = Σ u·y - Σ 16·y,
+                // ggml's integers (its sign trick is exact for the activations' codes, within
+                // ±127) with no sign operations per row
+                DType::Q5_0 => rows4_offset::<V>(wp, xp, nb, 22, 16, pf, |wb| {
+                    let hi = _mm256_and_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(16));
+                    _mm256_or_si256(nibbles(wb.add(6)), hi)
+                }),
+                DType::Q5_1 => rows4_with_min::<V>(wp, xp, nb, 24, pf, |wb| {
+                    let hi = _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(16));
+                    _mm256_or_si256(nibbles(wb.add(8)), hi)
+                }),
                 DType::IQ4NL => {
                     // even blocks into acc, odd ones into acc2 (ggml's pairs of blocks)
                     let mut acc2 = [_mm256_setzero_ps(); 4];
@@ -1120,6 +1024,89 @@ mod avx2 {
                 }
                 _ => unreachable!("no integer kernel for {t}"),
             }
+        }
+    }
+
+    /// Four rows of a type whose 32 codes per block are `codes(block)` - `off` (q4_0, q5_0)
+    /// against q8_0 activations: Σ codes·y - Σ off·y per lane (the activation's part once for
+    /// the four rows), times the block's scale product, one FMA per block and row.
+    #[inline(always)]
+    unsafe fn rows4_offset<const V: bool>(
+        wp: [*const u8; 4],
+        xp: *const u8,
+        nb: usize,
+        block: usize,
+        off: i8,
+        pf: usize,
+        codes: impl Fn(*const u8) -> __m256i,
+    ) -> [f32; 4] {
+        // SAFETY: nb blocks of `block` bytes behind every row and nb q8_0 blocks behind xp
+        // (caller); prefetches never fault.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let xb = xp.add(i * 34);
+                let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                let yo = dot4::<V>(_mm256_set1_epi8(off), y);
+                let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * block));
+                let d = _mm256_castps128_ps256(_mm_mul_ps(
+                    _mm_cvtph_ps(gather4_u16(wb)),
+                    _mm_set1_ps(f16(xb)),
+                ));
+                for r in 0..4 {
+                    _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                    let p = dot4::<V>(codes(wb[r]), y);
+                    let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(p, yo));
+                    acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
+                }
+            }
+            acc.map(|a| hsum(a))
+        }
+    }
+
+    /// Four rows of a type with a scale and a min per block of 32 unsigned `codes(block)`
+    /// (q4_1, q5_1) against q8_1 activations: ggml's Σ codes·y times `d·dy` and its fused
+    /// running Σ m·s, the four rows' (d, m) pairs converted in one instruction.
+    #[inline(always)]
+    unsafe fn rows4_with_min<const V: bool>(
+        wp: [*const u8; 4],
+        xp: *const u8,
+        nb: usize,
+        block: usize,
+        pf: usize,
+        codes: impl Fn(*const u8) -> __m256i,
+    ) -> [f32; 4] {
+        // SAFETY: nb blocks of `block` bytes behind every row and nb q8_1 blocks behind xp
+        // (caller); prefetches never fault.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            // lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
+            let mut summs = _mm256_setzero_ps();
+            for i in 0..nb {
+                let xb = xp.add(i * 36);
+                let y = _mm256_loadu_si256(xb.add(4) as *const __m256i);
+                // [dx sx] of the activation block in every pair of lanes
+                let xs = _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
+                let xs = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xs)));
+                let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add(i * block));
+                // [d0 m0 d1 m1 d2 m2 d3 m3]: the adjacent f16 pairs of four rows
+                let dm = _mm256_cvtph_ps(gather4_i32(wb));
+                summs = _mm256_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
+                let d = _mm256_mul_ps(dm, xs);
+                for r in 0..4 {
+                    _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                    let p = dot4::<V>(codes(wb[r]), y);
+                    acc[r] = _mm256_fmadd_ps(lane(d, 2 * r as i32), _mm256_cvtepi32_ps(p), acc[r]);
+                }
+            }
+            let mut s = [0f32; 8];
+            _mm256_storeu_ps(s.as_mut_ptr(), summs);
+            [
+                hsum(acc[0]) + s[1],
+                hsum(acc[1]) + s[3],
+                hsum(acc[2]) + s[5],
+                hsum(acc[3]) + s[7],
+            ]
         }
     }
 
