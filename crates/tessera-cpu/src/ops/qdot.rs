@@ -1181,9 +1181,7 @@ pub(crate) mod avx2 {
                 let (wb, xb) = (w.add(i * 110), x.add(i * Q8_K_SIZE));
                 prefetch_block::<110>(wb);
                 let d = f32_le(xb) * f16(wb.add(108));
-                let [s0, s1, s2, s3] = q3k_scales(std::slice::from_raw_parts(wb.add(96), 12));
-                let sc = _mm_set_epi32(s3 as i32, s2 as i32, s1 as i32, s0 as i32);
-                let sc = _mm_sub_epi8(sc, _mm_set1_epi8(32));
+                let sc = _mm_sub_epi8(q3k_scales_v(wb.add(96)), _mm_set1_epi8(32));
                 let all = _mm256_cvtepi8_epi16(sc);
                 let scales = [both_halves::<0>(all), both_halves::<1>(all)];
                 let hbits = load256(wb);
@@ -1239,6 +1237,25 @@ pub(crate) mod avx2 {
             let u2 = _mm_srlv_epi32(_mm_shuffle_epi32::<0xAA>(v), _mm_set_epi32(0, 0, 4, 0));
             let mixed = _mm_or_si128(_mm_and_si128(u2, _mm_set1_epi32(0x0f0f_0f0f)), top2);
             _mm256_cvtepu8_epi16(_mm_unpacklo_epi32(low6, mixed))
+        }
+    }
+
+    /// q3_K's 16 6-bit scales at `s` (12 bytes) unpacked but not re-centred, [`q3k_scales`] in
+    /// vector registers.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q3k_scales_v(s: *const u8) -> __m128i {
+        // SAFETY: 12 readable bytes at s (caller).
+        unsafe {
+            // [a0 a1 a0 a1] >> [0 0 4 4] & 0x0f: the low four bits of each scale
+            let a01 = _mm_loadl_epi64(s as *const __m128i);
+            let low = _mm_srlv_epi32(_mm_shuffle_epi32::<0x44>(a01), _mm_set_epi32(4, 4, 0, 0));
+            let low = _mm_and_si128(low, _mm_set1_epi32(0x0f0f_0f0f));
+            // ([a2 a2 a2 a2] >> [0 2 4 6] & 0x03) << 4: the two high bits
+            let a2 = _mm_set1_epi32((s.add(8) as *const i32).read_unaligned());
+            let high = _mm_srlv_epi32(a2, _mm_set_epi32(6, 4, 2, 0));
+            let high = _mm_slli_epi32::<4>(_mm_and_si128(high, _mm_set1_epi32(0x0303_0303)));
+            _mm_or_si128(low, high)
         }
     }
 
