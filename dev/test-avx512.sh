@@ -35,6 +35,6 @@ run() {
 run "$(bin tessera_cpu)" qdot:: matmul_quant:: qgemm
 run "$(bin qdot)"
 run "$(bin qdot_tiles)"
-run "$(bin qgemm_0)" every_element q8_0_extreme_codes strided_columns
+run "$(bin qgemm_0)" every_element q8_0_extreme_codes strided_columns iq4_nl_equals_ggml
 run "$(bin qgemm_k)" equals_ggml_bit_for_bit
 echo "test-avx512: every AVX-512 VNNI run passed" >&2

@@ -3,6 +3,10 @@
 //! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
 //! across row chunks (32), column windows (128), K chunks (32 blocks), ragged edges and batches
 //! with a broadcast weight matrix. On the scalar ISA the one-column kernels run as before.
+//!
+//! iq4_nl takes this path from two columns on, with the arithmetic of ggml's x86 mat-mat
+//! (llamafile's tinyBLAS: one accumulator per lane, `matmul_quant::vec_dot_scalar`), which its
+//! one-column kernel does not share; the scalar ISA keeps ggml's generic `vec_dot` for it.
 
 mod common;
 
@@ -12,8 +16,119 @@ use tessera_cpu::ops::matmul_quant;
 
 fn check(t: DType, k: usize, m: usize, n: usize, nb2: usize, rng: &mut Rng) {
     check_quantized_product(t, (k, m, n, nb2), rng, |isa, w, x| {
-        matmul_quant::vec_dot(isa, t, w, x, k)
+        if matmul_quant::lanes_numerics(isa, t, n) {
+            matmul_quant::vec_dot_scalar(t, w, x, k)
+        } else {
+            matmul_quant::vec_dot(isa, t, w, x, k)
+        }
     });
+}
+
+/// iq4_nl: one column as its `vec_dot` (ggml's, two accumulators), two or more as ggml's x86
+/// mat-mat (one accumulator per lane) on AVX2 and as `vec_dot` on the scalar ISA, on every
+/// thread count and path (few groups, chunks, windows), with odd and even block counts.
+#[test]
+fn iq4_nl_rounds_as_ggml_for_one_and_for_many_columns() {
+    let mut rng = Rng::new(55);
+    for &(k, m, n, nb2) in &[
+        (96usize, 9usize, 1usize, 1usize),
+        (96, 9, 2, 1),
+        (288, 6, 3, 2),
+        (64, 5, 4, 1),
+        (1088, 35, 9, 1),
+        (1056, 70, 131, 1),
+    ] {
+        check(DType::IQ4NL, k, m, n, nb2, &mut rng);
+    }
+}
+
+/// iq4_nl mul_mat against ggml's own results (`data/iq4nl_mm_ggml.bin`, written by a small C
+/// program, not part of this repository, linked against llama.cpp's `libggml-cpu` as vendored by
+/// llama-cpp-python 0.3.36, gcc 12, AVX2, llamafile on; 1 and 2 threads gave the same bytes):
+/// weights quantized by `ggml_quantize_chunk`, f32 activations, the results of
+/// `ggml_mul_mat` for 1, 2, 3, 5 and 8 columns, 8 and 9 and 33 blocks. One column is ggml's
+/// `vec_dot`, more are tinyBLAS; every element bit for bit on AVX2 (and AVX-512) and every
+/// thread count. (The scalar ISA computes ggml's generic code for iq4_nl, checked elsewhere.)
+/// Format: b"QMMFIX01", u32 count, then per case u32 type, K, M, N, the weights, K·N f32 of
+/// b, M·N f32 of y.
+#[test]
+fn iq4_nl_equals_ggml_mul_mat() {
+    use tessera::{Graph, Session};
+    use tessera_cpu::Isa;
+    let f = include_bytes!("data/iq4nl_mm_ggml.bin");
+    assert_eq!(&f[..8], b"QMMFIX01");
+    let u32_at = |p: usize| u32::from_le_bytes(f[p..p + 4].try_into().unwrap()) as usize;
+    let f32s = |p: usize, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| f32::from_le_bytes(f[p + 4 * i..p + 4 * i + 4].try_into().unwrap()))
+            .collect()
+    };
+    let (count, mut p) = (u32_at(8), 12);
+    let mut cols_seen = Vec::new();
+    let mut checked = 0;
+    for _ in 0..count {
+        let (id, k, m, n) = (u32_at(p), u32_at(p + 4), u32_at(p + 8), u32_at(p + 12));
+        p += 16;
+        let t = DType::from_id(id as u32).unwrap();
+        assert_eq!(t, DType::IQ4NL);
+        let wbytes = t.row_size(k).unwrap() * m;
+        let w = &f[p..p + wbytes];
+        let b = f32s(p + wbytes, k * n);
+        let want = f32s(p + wbytes + 4 * k * n, m * n);
+        p += wbytes + 4 * k * n + 4 * m * n;
+        let mut g = Graph::new();
+        let ta = g.new_tensor(t, &[k, m]).unwrap();
+        let tb = g.new_f32(&[k, n]).unwrap();
+        let y = g.mul_mat(ta, tb).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_bytes(ta, w).unwrap();
+        s.set_f32(tb, &b).unwrap();
+        for cpu in cpu_configs().into_iter().filter(|c| c.isa() != Isa::Scalar) {
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(y).unwrap();
+            checked += 1;
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "k={k} m={m} n={n}: element {i} is {g} not ggml's {w} on {:?}/{}t",
+                    cpu.isa(),
+                    cpu.n_threads()
+                );
+            }
+        }
+        cols_seen.push(n);
+    }
+    assert_eq!(p, f.len());
+    assert!(tessera_cpu::simd::isa() == Isa::Scalar || checked > 0);
+    assert!(cols_seen.contains(&1) && cols_seen.contains(&2) && cols_seen.contains(&8));
+}
+
+/// The two roundings of iq4_nl do differ (else the test above could not tell them apart): on
+/// random rows of eight blocks, most results of the two disagree in their last bits.
+#[test]
+fn iq4_nl_one_and_many_column_roundings_differ() {
+    use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_scalar};
+    use tessera_cpu::Isa;
+    let mut rng = Rng::new(56);
+    let (k, t) = (256, DType::IQ4NL);
+    let mut differ = 0;
+    for _ in 0..50 {
+        let wv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let mut w = vec![0u8; t.row_size(k).unwrap()];
+        tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
+        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let one = matmul_quant::vec_dot(Isa::Scalar, t, &w, &x, k);
+        let many = vec_dot_scalar(t, &w, &x, k);
+        assert!(
+            (one - many).abs() <= 1e-4 * one.abs().max(1.0),
+            "{one} vs {many}"
+        );
+        differ += (one.to_bits() != many.to_bits()) as usize;
+    }
+    assert!(differ >= 10, "only {differ} of 50 differ");
 }
 
 #[test]

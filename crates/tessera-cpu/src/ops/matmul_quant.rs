@@ -49,6 +49,16 @@ fn local_kernel(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
+/// Whether a mul_mat of `t` against `cols` columns per batch on `isa` rounds as ggml's x86
+/// mat-mat does rather than as its one-column `vec_dot`, where the two differ: iq4_nl from two
+/// columns on AVX2, where llama.cpp's x86 builds take llamafile's tinyBLAS, one f32
+/// accumulator per lane (its `vec_dot` alternates two, block by block). Those elements come
+/// from `qgemm_0` and equal [`vec_dot_scalar`]'s. (The portable path keeps ggml's generic
+/// `vec_dot`, which is what ggml's builds without AVX compute for any number of columns.)
+pub fn lanes_numerics(isa: Isa, t: DType, cols: usize) -> bool {
+    t == DType::IQ4NL && cols >= 2 && qgemm_0::runs_on(isa)
+}
+
 /// Types whose one-row kernel lives in `qdot` but which also have a four-row form here (used
 /// for mat-vec; more columns take `qgemm_0` or the one-row kernels).
 fn four_row_only(t: DType) -> bool {
@@ -722,6 +732,11 @@ pub(crate) fn hsum8(l: [f32; 8]) -> f32 {
 /// chain, and ggml's eight-lane horizontal sum at the end. So every ISA gives the AVX2 kernel's
 /// bits (tested on x86 against it; NEON forms the same lanes), and the portable path's tokens are
 /// llama.cpp's on x86 (the activations' codes are within ±127, where ggml's sign trick is exact).
+///
+/// Also iq4_nl in the arithmetic of ggml's x86 mat-mat for two or more columns (llamafile's
+/// tinyBLAS, which llama.cpp's x86 builds use): the same eight lanes and one accumulator per
+/// lane, what `qgemm_0` computes for it (its one-column `vec_dot` alternates two accumulators;
+/// see [`lanes_numerics`]).
 pub fn vec_dot_scalar(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     let nb = k / 32;
     let mut acc = [0f32; 8];
@@ -749,6 +764,15 @@ pub fn vec_dot_scalar(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
             DType::Q8_0 => {
                 let (wb, xb) = (&w[i * 34..i * 34 + 34], &x[i * 34..i * 34 + 34]);
                 let q = std::array::from_fn(|e| wb[2 + e] as i8 as i32);
+                (q, &xb[2..34], f16(wb, 0) * f16(xb, 0))
+            }
+            DType::IQ4NL => {
+                let (wb, xb) = (&w[i * 18..i * 18 + 18], &x[i * 34..i * 34 + 34]);
+                let q = std::array::from_fn(|e| {
+                    let b = wb[2 + e % 16];
+                    let n = if e < 16 { b & 15 } else { b >> 4 };
+                    super::qdot::KVALUES_IQ4NL[n as usize] as i32
+                });
                 (q, &xb[2..34], f16(wb, 0) * f16(xb, 0))
             }
             _ => unreachable!("no integer kernel for {t}"),

@@ -49,7 +49,7 @@ const KC: usize = 32;
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4NL
     )
 }
 
@@ -76,7 +76,7 @@ pub const MIN_COLS: usize = 5;
 /// Whether a mul_mat of `t` against `cols_per_batch` columns may take this path (it runs only
 /// on AVX2; other ISAs keep the one-column kernels, whose scalar order differs).
 pub fn applies(t: DType, cols_per_batch: usize) -> bool {
-    supported(t) && cols_per_batch >= MIN_COLS
+    supported(t) && (cols_per_batch >= MIN_COLS || (t == DType::IQ4NL && cols_per_batch >= 2))
 }
 
 /// Whether this CPU and ISA run the path.
@@ -443,8 +443,13 @@ mod avx2 {
                     o.d = f16(w);
                     o.m = if t == DType::Q5_1 { f16(w.add(2)) } else { 0.0 };
                 }
-                DType::Q8_0 => {
-                    let q = _mm256_loadu_si256(w.add(2) as *const __m256i);
+                DType::Q8_0 | DType::IQ4NL => {
+                    // signed values (iq4_nl: its codebook's), kept as sign masks and magnitudes
+                    let q = if t == DType::Q8_0 {
+                        _mm256_loadu_si256(w.add(2) as *const __m256i)
+                    } else {
+                        crate::ops::qdot::avx2::iq4_values(w.add(2))
+                    };
                     _mm256_storeu_si256(qp, _mm256_cmpgt_epi8(_mm256_setzero_si256(), q));
                     _mm256_storeu_si256(o.aq.as_mut_ptr() as *mut __m256i, _mm256_sign_epi8(q, q));
                     o.d = f16(w);
@@ -462,7 +467,7 @@ mod avx2 {
             match $t {
                 DType::Q4_0 | DType::Q5_0 => $f::<0, V>($($arg),*),
                 DType::Q4_1 => $f::<1, V>($($arg),*),
-                DType::Q8_0 => $f::<2, V>($($arg),*),
+                DType::Q8_0 | DType::IQ4NL => $f::<2, V>($($arg),*),
                 DType::Q5_1 => $f::<3, V>($($arg),*),
                 _ => unreachable!("checked by supported"),
             }
