@@ -1,6 +1,9 @@
 //! Quantized mat-mat for q4_0, q4_1, q5_0, q5_1 and q8_0 weights against five or more columns (AVX2), each
 //! element bit-identical to the one-column AVX2 kernel (`matmul_quant::vec_dot`, which is
-//! ggml's x86 `vec_dot`).
+//! ggml's x86 `vec_dot`); and for iq4_nl from two columns, with the arithmetic of ggml's x86
+//! mat-mat for it (llamafile's tinyBLAS, one accumulator per lane, as for q8_0; ggml's one-column
+//! `vec_dot` for iq4_nl alternates two accumulators and is not what llama.cpp computes for
+//! batches). iq4_nl's codebook values are kept as q8_0's codes are: sign masks and magnitudes.
 //!
 //! ggml's AVX2 kernel for these types keeps an 8-lane f32 accumulator per (row, column): lane
 //! i receives, for every 32-element block in order, `fma(d_w·d_x, f32(p_i), acc_i)` where p_i
