@@ -440,6 +440,12 @@ unsafe fn dot_rows(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if dtype == DType::BF16 && super::matmul_bf16::available(isa) {
+        // SAFETY: `available` checked the CPU; the caller's guarantees.
+        unsafe { super::matmul_bf16::dot_rows(a as *const u16, b, k, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: Avx2 is only chosen when the CPU has AVX2, FMA and F16C.
         unsafe { avx2::dot_rows(dtype, a, b, k, out) };
@@ -540,6 +546,7 @@ fn gemm(
         )
     };
     let mut row = [0f32; KC];
+    let wide = cfg!(target_arch = "x86_64") && ctx.isa == Isa::Avx512;
     for job in ctx.share(jobs) {
         let ns_i = job % sp.nsplit;
         let mc_i = (job / sp.nsplit) % sp.mchunks;
@@ -631,22 +638,43 @@ fn gemm(
                         }
                     }
                 }
-                for (p, mp) in (m0..m1).step_by(NR).enumerate() {
-                    let apanel = &ap[p * NR * kc..(p + 1) * NR * kc];
-                    let cols = NR.min(m1 - mp);
+                let npanels = (m1 - m0).div_ceil(NR);
+                let mut p = 0;
+                while p < npanels {
+                    let mp = m0 + p * NR;
+                    // AVX-512: two panels at once in 16-lane registers (the same sums)
+                    let pair = wide && p + 1 < npanels;
+                    let width = if pair { 2 } else { 1 };
+                    let apanel = &ap[p * NR * kc..(p + width) * NR * kc];
+                    let cols = (width * NR).min(m1 - mp);
                     for (q, nq) in (n0..n1).step_by(MR).enumerate() {
                         let bpanel = &bp[q * MR * kc..(q + 1) * MR * kc];
                         let rows = MR.min(n1 - nq);
                         // SAFETY: the tile dst[nq..nq+rows, mp..mp+cols] lies inside `dst` and
-                        // belongs to this job alone.
+                        // belongs to this job alone; `pair` only under Isa::Avx512.
                         unsafe {
                             let c = ctx.dst.add(d_base + nq * d.nb[1] + mp * 4) as *mut f32;
                             let ldc = d.nb[1] / 4;
-                            micro_kernel(
-                                ctx.isa, kc, apanel, bpanel, c, ldc, rows, cols, accumulate,
-                            );
+                            if pair {
+                                #[cfg(target_arch = "x86_64")]
+                                avx512::kernel_6x32(
+                                    kc,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    c,
+                                    ldc,
+                                    rows,
+                                    cols,
+                                    accumulate,
+                                );
+                            } else {
+                                micro_kernel(
+                                    ctx.isa, kc, apanel, bpanel, c, ldc, rows, cols, accumulate,
+                                );
+                            }
                         }
                     }
+                    p += width;
                 }
                 n0 = n1;
             }
@@ -913,6 +941,78 @@ mod avx2 {
                         *p = if accumulate { *p + v } else { v };
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The AVX-512 micro-kernel: two adjacent panels of `a` (32 rows) against one panel of `b`,
+/// each output's sum formed by the same chain of fused multiply-adds as `avx2::kernel_6x16`,
+/// so the results are the AVX2 kernel's bit for bit, at twice the width.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// `C[r][j] (+)= Σ_k bp[k][r] · a[k][j]` for an `MR × 2·NR` tile, where the first `NR`
+    /// columns come from the panel at `ap` and the next `NR` from the one after it
+    /// (`ap + NR·kc`); `rows × cols` of the tile are kept.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F (`Isa::Avx512`); `ap` holds two panels of `kc·NR` floats, `bp`
+    /// one of `kc·MR`; `c` a tile with row stride `ldc` floats holding `rows × cols` elements.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn kernel_6x32(
+        kc: usize,
+        ap: *const f32,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's guarantees; stores are masked to `cols`.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            let mut pa0 = ap;
+            let mut pa1 = ap.add(kc * NR);
+            let mut pb = bp;
+            for _ in 0..kc {
+                _mm_prefetch::<_MM_HINT_T0>(pb.add(MR * 8) as *const i8);
+                let a0 = _mm512_loadu_ps(pa0);
+                let a1 = _mm512_loadu_ps(pa1);
+                for (r, pair) in acc.iter_mut().enumerate() {
+                    let b = _mm512_set1_ps(*pb.add(r));
+                    pair[0] = _mm512_fmadd_ps(b, a0, pair[0]);
+                    pair[1] = _mm512_fmadd_ps(b, a1, pair[1]);
+                }
+                pa0 = pa0.add(NR);
+                pa1 = pa1.add(NR);
+                pb = pb.add(MR);
+            }
+            let m0: u16 = if cols >= 16 {
+                u16::MAX
+            } else {
+                (1u16 << cols) - 1
+            };
+            let m1: u16 = if cols >= 32 {
+                u16::MAX
+            } else if cols > 16 {
+                (1u16 << (cols - 16)) - 1
+            } else {
+                0
+            };
+            for (r, pair) in acc.iter().enumerate().take(rows) {
+                let p = c.add(r * ldc);
+                let (mut v0, mut v1) = (pair[0], pair[1]);
+                if accumulate {
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, p));
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, p.add(16)));
+                }
+                _mm512_mask_storeu_ps(p, m0, v0);
+                _mm512_mask_storeu_ps(p.add(16), m1, v1);
             }
         }
     }
