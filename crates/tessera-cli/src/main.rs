@@ -117,7 +117,8 @@ enum Cmd {
         /// (all when absent).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
-        /// The quant section's weight types, comma separated (q4_0, q8_0, q4_K, ...; its seven
+        /// The quant section's weight types, comma separated (q4_0, q8_0, q4_K, ..., or a float
+        /// type f32/f16/bf16; its seven
         /// when absent); also the bandwidth section's (of its q4_0, q4_1, q8_0, q4_K, q6_K).
         #[arg(long, value_delimiter = ',')]
         types: Vec<String>,
@@ -222,10 +223,18 @@ fn main() -> ExitCode {
             }
             let mut qtypes = Vec::new();
             for name in &types {
-                match tessera::DType::from_name(name).filter(|t| t.is_quantized()) {
+                match tessera::DType::from_name(name).filter(|t| {
+                    t.is_quantized()
+                        || matches!(
+                            t,
+                            tessera::DType::F16 | tessera::DType::BF16 | tessera::DType::F32
+                        )
+                }) {
                     Some(t) => qtypes.push(t),
                     None => {
-                        eprintln!("error: bench-ops --types: '{name}' is not a quantized type");
+                        eprintln!(
+                            "error: bench-ops --types: '{name}' is neither a quantized type nor f32/f16/bf16"
+                        );
                         return ExitCode::FAILURE;
                     }
                 }

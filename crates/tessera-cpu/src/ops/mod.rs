@@ -11,6 +11,7 @@ pub mod ggml_math;
 pub mod glu;
 pub mod loss;
 pub mod matmul;
+pub mod matmul_bf16;
 pub mod matmul_quant;
 pub mod misc;
 pub mod norm;
