@@ -139,10 +139,16 @@ fn info_prints_metadata_and_tensors() {
 fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
     let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--types", "q9_9"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("'q9_9' is not a quantized type"), "{err}");
-    let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--types", "f32"]);
+    assert!(
+        err.contains("'q9_9' is neither a quantized type nor f32/f16/bf16"),
+        "{err}"
+    );
+    let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--types", "i32"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("'f32' is not a quantized type"), "{err}");
+    assert!(
+        err.contains("'i32' is neither a quantized type nor f32/f16/bf16"),
+        "{err}"
+    );
     let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--shapes", "64x"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("'64x' is not K×M"), "{err}");
@@ -163,4 +169,22 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| q")).collect();
     assert_eq!(rows.len(), 1, "{out}");
     assert!(rows[0].starts_with("| q8_0 | 64×8 | 1 |"), "{out}");
+    // the float weight types too
+    let (code, out, err) = tessera(&[
+        "bench-ops",
+        "--only",
+        "quant",
+        "--types",
+        "bf16",
+        "--shapes",
+        "64x8",
+        "-t",
+        "1",
+        "-r",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| bf16")).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert!(rows[0].starts_with("| bf16 | 64×8 | 1 |"), "{out}");
 }
