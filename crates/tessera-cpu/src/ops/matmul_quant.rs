@@ -104,8 +104,12 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     let tiled = qgemm_k::applies(a.dtype, b.ne[1]);
     let group0 = qgemm_0::applies(a.dtype, b.ne[1]);
     let groups = b.ne[1].div_ceil(qgemm_k::GROUP) * b.ne[2] * b.ne[3];
+    // qgemm_k's AVX-512 layout takes pairs of groups (its size is not known before the ISA)
+    let pairs = b.ne[1].div_ceil(2 * qgemm_k::GROUP) * b.ne[2] * b.ne[3];
     let packed = if tiled {
-        (groups * (k / 256) * qgemm_k::packed_bytes(a.dtype)).next_multiple_of(64)
+        (groups * (k / 256) * qgemm_k::packed_bytes(a.dtype))
+            .max(pairs * (k / 256) * qgemm_k::PAIR_BYTES)
+            .next_multiple_of(64)
     } else if group0 {
         (groups * (k / 32) * qgemm_0::PACKED).next_multiple_of(64)
     } else {
@@ -203,7 +207,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let tiled = l.tiled && !ctx.batch_invariant;
     if tiled || group0 {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
-        let gpb = b.ne[1].div_ceil(qgemm_k::GROUP);
+        // (qgemm_k on AVX-512: as halves of pairs of groups, an even number per batch)
+        let wide = tiled && qgemm_k::wide(ctx.isa);
+        let gpb = if wide {
+            2 * b.ne[1].div_ceil(2 * qgemm_k::GROUP)
+        } else {
+            b.ne[1].div_ceil(qgemm_k::GROUP)
+        };
         let (nb, pb) = if tiled {
             (k / 256, qgemm_k::packed_bytes(a.dtype))
         } else {
@@ -212,12 +222,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         for g in ctx.share(gpb * b.ne[2] * b.ne[3]) {
             let (batch, gi) = (g / gpb, g % gpb);
             let first = gi * qgemm_k::GROUP;
-            let last = (first + qgemm_k::GROUP).min(b.ne[1]);
+            let last = (first + qgemm_k::GROUP).min(b.ne[1]).max(first);
             for i1 in first..last {
                 quantize_col(batch * b.ne[1] + i1, tmp)?;
             }
             // SAFETY: the quantized columns of this group were written just above by this
-            // thread; the packed group's bytes belong to group g alone.
+            // thread; the packed group's bytes belong to group g alone (in the AVX-512 layout:
+            // its half of pair g / 2, the bytes `pack_half` writes for that half).
             unsafe {
                 let cols: [Option<&[u8]>; qgemm_k::GROUP] = std::array::from_fn(|c| {
                     (first + c < last).then(|| {
@@ -227,6 +238,15 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         )
                     })
                 });
+                if wide {
+                    // group g is half g % 2 of pair g / 2; the two halves' bytes interleave
+                    // by 32 and each thread writes only its own
+                    let out = ctx
+                        .wdata
+                        .add(l.packed_off + g / 2 * nb * qgemm_k::PAIR_BYTES);
+                    qgemm_k::pack_half(a.dtype, &cols, nb, out, g % 2);
+                    continue;
+                }
                 let out = std::slice::from_raw_parts_mut(
                     ctx.wdata.add(l.packed_off + g * nb * pb),
                     nb * pb,
@@ -267,7 +287,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 let batch = qgemm_k::Batch {
                     a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
                     a_nb1: a.nb[1],
-                    packed: ctx.wdata.add(l.packed_off + g0 * nb * pb),
+                    packed: ctx.wdata.add(
+                        l.packed_off
+                            + if wide {
+                                g0 / 2 * nb * qgemm_k::PAIR_BYTES
+                            } else {
+                                g0 * nb * pb
+                            },
+                    ),
                     groups: gpb,
                     cols: b.ne[1],
                     dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
