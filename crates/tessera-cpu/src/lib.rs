@@ -54,7 +54,8 @@ impl CpuBackend {
     pub fn with_isa(n_threads: usize, isa: Isa) -> CpuBackend {
         let best = simd::isa();
         let isa = match (isa, best) {
-            (Isa::Avx512, Isa::Avx2) => Isa::Avx2,
+            // AVX-VNNI is not part of AVX-512 (Ice Lake and Tiger Lake lack it)
+            (Isa::AvxVnni, Isa::Avx512) if !simd::avx_vnni_available() => Isa::Avx2,
             (want, have) if want > have || (want == Isa::Neon) != (have == Isa::Neon) => {
                 if want == Isa::Scalar {
                     Isa::Scalar

@@ -9,6 +9,12 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX2 + FMA + F16C with AVX-VNNI (Intel Alder Lake and later client cores, AMD
+    /// Zen 5; CPUs without AVX-512): the quantized integer dot products use the VEX-encoded
+    /// `vpdpbusd`/`vpdpwssd` (what ggml does with `__AVXVNNI__`); every other kernel is the
+    /// AVX2 one. Where the CPU also has AVX-512 VNNI, `Isa::Avx512` is chosen instead
+    /// (`TESSERA_ISA=avxvnni` forces this one, for testing).
+    AvxVnni,
     /// x86_64 AVX-512 F/BW/VL with VNNI on top of AVX2: the integer dot products of the
     /// quantized types use `vpdpbusd`/`vpdpwssd` on 256-bit vectors (what ggml does with
     /// `__AVX512VNNI__`); every other kernel is the AVX2 one.
@@ -22,6 +28,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma+f16c",
+            Isa::AvxVnni => "avx2+avx-vnni",
             Isa::Avx512 => "avx512+vnni",
             Isa::Neon => "neon",
         }
@@ -42,8 +49,12 @@ fn detect() -> Isa {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512vnni");
-        if avx512 && std::env::var("TESSERA_ISA").map_or(true, |v| v != "avx2") {
+        let want = std::env::var("TESSERA_ISA").ok();
+        if avx512 && !matches!(want.as_deref(), Some("avx2") | Some("avxvnni")) {
             return Isa::Avx512;
+        }
+        if avx2 && avx_vnni_available() && want.as_deref() != Some("avx2") {
+            return Isa::AvxVnni;
         }
         if avx2 {
             return Isa::Avx2;
@@ -58,8 +69,24 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// The instruction set chosen for this process (`TESSERA_ISA=scalar` or `=avx2` forces a
-/// narrower one, for testing every path on one machine).
+/// Whether this CPU has AVX2/FMA/F16C and AVX-VNNI (what `Isa::AvxVnni` needs; asked once).
+pub fn avx_vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+                && is_x86_feature_detected!("avxvnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The instruction set chosen for this process (`TESSERA_ISA=scalar`, `=avx2` or `=avxvnni`
+/// forces a narrower one, for testing every path on one machine).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(detect)

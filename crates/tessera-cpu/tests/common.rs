@@ -41,6 +41,10 @@ pub fn cpu_configs() -> Vec<CpuBackend> {
         v.push(CpuBackend::with_isa(2, best));
         v.push(CpuBackend::with_isa(3, best));
     }
+    if best >= Isa::AvxVnni && best != Isa::Neon && tessera_cpu::simd::avx_vnni_available() {
+        // the VEX VNNI kernels, also where AVX-512 is preferred
+        v.push(CpuBackend::with_isa(2, Isa::AvxVnni));
+    }
     if best == Isa::Avx512 {
         // the float kernels AVX-512 replaces (bf16 mul_mat with AVX512_BF16) keep their
         // AVX2 path checked on such CPUs too

@@ -61,7 +61,9 @@ fn avx2_is_bit_exact_with_ggml() {
         eprintln!("no AVX2 here: the AVX2 path is not checked");
         return;
     }
-    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::Avx512], |c| c.avx2);
+    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::AvxVnni, Isa::Avx512], |c| {
+        c.avx2
+    });
     assert!(n > 0);
 }
 
@@ -264,7 +266,7 @@ fn avx2_matches_scalar() {
                 let (wf, xf) = pattern(p, k, (p * 77 + k) as u64);
                 let r = rows(t, &wf, &xf);
                 let scalar = vec_dot(Isa::Scalar, t, &r.w, &r.x, k);
-                for isa in [Isa::Avx2, Isa::Avx512] {
+                for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
                     let got = vec_dot(isa, t, &r.w, &r.x, k);
                     let tol = (8.0 * nb + 16.0) * 2f64.powi(-24) * (2.0 * r.mag + r.mag_offset);
                     assert!(

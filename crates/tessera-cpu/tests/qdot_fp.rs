@@ -88,7 +88,9 @@ fn avx2_is_bit_exact_with_ggml() {
         eprintln!("no AVX2 here: the AVX2 path is not checked");
         return;
     }
-    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::Avx512], |c| c.avx2);
+    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::AvxVnni, Isa::Avx512], |c| {
+        c.avx2
+    });
     assert!(n >= 2 * 15 * TYPES.len());
 }
 
@@ -231,7 +233,7 @@ fn avx2_matches_scalar_on_random_blocks() {
                 (scalar as f64 - exact).abs() <= tol,
                 "{t} k={k}: scalar {scalar} vs exact {exact} (tolerance {tol})"
             );
-            for isa in [Isa::Avx2, Isa::Avx512] {
+            for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
                 let got = vec_dot(isa, t, &w, &x, k);
                 differ += (got != scalar) as usize;
                 assert!(

@@ -59,7 +59,9 @@ fn avx2_is_bit_exact_with_ggml() {
         eprintln!("no AVX2 here: the AVX2 path is not checked");
         return;
     }
-    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::Avx512], |c| c.avx2);
+    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::AvxVnni, Isa::Avx512], |c| {
+        c.avx2
+    });
     assert!(n > 0);
 }
 
@@ -144,7 +146,7 @@ fn check_avx2_vs_scalar(t: DType, w: &[u8], x: &[u8], k: usize, what: &str) {
     let nb = (k / 256) as f64;
     let (_, mag) = exact_and_mag(t, w, x, k);
     let scalar = vec_dot(Isa::Scalar, t, w, x, k);
-    for isa in [Isa::Avx2, Isa::Avx512] {
+    for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
         let got = vec_dot(isa, t, w, x, k);
         let tol = (8.0 * nb + 16.0) * 2f64.powi(-24) * 2.0 * mag;
         assert!(
@@ -264,7 +266,7 @@ fn integer_sums_are_exact() {
         assert_eq!(scalar as f64, exact, "{t}: scalar");
         assert!(exact.abs() > 10.0, "{t}: degenerate rows ({exact})");
         if has_avx2() {
-            for isa in [Isa::Avx2, Isa::Avx512] {
+            for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
                 let got = vec_dot(isa, t, &w, &x, k);
                 assert_eq!(
                     got.to_bits(),

@@ -75,7 +75,9 @@ fn avx2_is_bit_exact_with_ggml() {
         eprintln!("no AVX2 here: the AVX2 path is not checked");
         return;
     }
-    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::Avx512], |c| c.avx2);
+    let n = assert_fixture_bit_exact(&fixture(), &[Isa::Avx2, Isa::AvxVnni, Isa::Avx512], |c| {
+        c.avx2
+    });
     assert!(n >= 90);
 }
 
@@ -227,7 +229,7 @@ fn avx2_matches_scalar() {
             let nb = (k / 256) as f64;
             let (exact, mag) = exact_and_mag(t, &w, &x, k);
             let scalar = vec_dot(Isa::Scalar, t, &w, &x, k);
-            for isa in [Isa::Avx2, Isa::Avx512] {
+            for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
                 let got = vec_dot(isa, t, &w, &x, k);
                 let tol = (2.0 * nb + 8.0) * 2f64.powi(-24) * mag;
                 assert!(

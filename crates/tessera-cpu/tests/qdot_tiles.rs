@@ -171,6 +171,14 @@ fn avx512_isa_matches_vec_dot_bit_for_bit() {
     assert_eq!(rows, TYPES.len() * KS.len() * 11);
 }
 
+/// `Isa::AvxVnni`: the kernels compiled for AVX-VNNI where the CPU has it, the AVX2 ones
+/// elsewhere; `vec_dot`'s bits either way.
+#[test]
+fn avx_vnni_isa_matches_vec_dot_bit_for_bit() {
+    let rows = check_all(Isa::AvxVnni);
+    assert_eq!(rows, TYPES.len() * KS.len() * 11);
+}
+
 #[test]
 fn scalar_1x4_matches_vec_dot_bit_for_bit() {
     check_all(Isa::Scalar);

@@ -381,7 +381,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         return Ok(());
     }
     if n == 1
-        && matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
+        && matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && super::qdot::self_prefetching(a.dtype)
         && !rows.is_empty()
     {
@@ -458,8 +458,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             // the row `ahead` rows on, a few KiB away, into the cache while this one
                             // is computed (a single core streams from memory only with enough misses
                             // in flight; the one-row kernels have no prefetch of their own)
-                            let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::Avx512)
-                                && super::qdot::self_prefetching(a.dtype);
+                            let own_prefetch =
+                                matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+                                    && super::qdot::self_prefetching(a.dtype);
                             if c0 == 0 && im + ahead < rows.end && !own_prefetch {
                                 prefetch_row(
                                     ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
@@ -673,6 +674,8 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         return unsafe {
             if vnni(isa) {
                 avx2::vec_dot_vnni(t, w, x, k)
+            } else if super::qdot::avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot_avxvnni(t, w, x, k)
             } else {
                 avx2::vec_dot(t, w, x, k)
             }
@@ -704,6 +707,8 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
         return unsafe {
             if vnni(isa) {
                 avx2::vec_dot4_vnni(t, w, x, k, pf)
+            } else if super::qdot::avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot4_avxvnni(t, w, x, k, pf)
             } else {
                 avx2::vec_dot4(t, w, x, k, pf)
             }
@@ -721,6 +726,8 @@ pub fn vec_dot_4x2(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 2], k: usize) -
         return unsafe {
             if vnni(isa) {
                 avx2::vec_dot_4xc_vnni::<2>(t, w, x, k)
+            } else if super::qdot::avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot_4xc_avxvnni::<2>(t, w, x, k)
             } else {
                 avx2::vec_dot_4xc::<2>(t, w, x, k)
             }
@@ -737,6 +744,8 @@ pub fn vec_dot_4x3(isa: Isa, t: DType, w: [&[u8]; 4], x: [&[u8]; 3], k: usize) -
         return unsafe {
             if vnni(isa) {
                 avx2::vec_dot_4xc_vnni::<3>(t, w, x, k)
+            } else if super::qdot::avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot_4xc_avxvnni::<3>(t, w, x, k)
             } else {
                 avx2::vec_dot_4xc::<3>(t, w, x, k)
             }
@@ -864,7 +873,7 @@ mod avx2 {
 
     /// Σ x·y of 32 signed bytes each, as 8 i32 lanes → f32.
     #[inline(always)]
-    unsafe fn dot_i8<const V: bool>(x: __m256i, y: __m256i) -> __m256 {
+    unsafe fn dot_i8<const V: u8>(x: __m256i, y: __m256i) -> __m256 {
         // SAFETY: register arithmetic only.
         unsafe { _mm256_cvtepi32_ps(dot4_i8::<V>(x, y)) }
     }
@@ -876,17 +885,23 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         // SAFETY: forwarded.
-        unsafe { vec_dot_in::<false>(t, w, x, k) }
+        unsafe { vec_dot_in::<0>(t, w, x, k) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn vec_dot_vnni(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         // SAFETY: forwarded.
-        unsafe { vec_dot_in::<true>(t, w, x, k) }
+        unsafe { vec_dot_in::<1>(t, w, x, k) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn vec_dot_avxvnni(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_in::<2>(t, w, x, k) }
     }
 
     #[inline(always)]
-    unsafe fn vec_dot_in<const V: bool>(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    unsafe fn vec_dot_in<const V: u8>(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         let nb = k / 32;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
         // SAFETY: w and x hold nb blocks of their formats.
@@ -973,7 +988,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot4(t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
         // SAFETY: forwarded.
-        unsafe { vec_dot4_in::<false>(t, w, x, k, pf) }
+        unsafe { vec_dot4_in::<0>(t, w, x, k, pf) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -985,11 +1000,23 @@ mod avx2 {
         pf: usize,
     ) -> [f32; 4] {
         // SAFETY: forwarded.
-        unsafe { vec_dot4_in::<true>(t, w, x, k, pf) }
+        unsafe { vec_dot4_in::<1>(t, w, x, k, pf) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn vec_dot4_avxvnni(
+        t: DType,
+        w: [&[u8]; 4],
+        x: &[u8],
+        k: usize,
+        pf: usize,
+    ) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot4_in::<2>(t, w, x, k, pf) }
     }
 
     #[inline(always)]
-    unsafe fn vec_dot4_in<const V: bool>(
+    unsafe fn vec_dot4_in<const V: u8>(
         t: DType,
         w: [&[u8]; 4],
         x: &[u8],
@@ -1082,7 +1109,7 @@ mod avx2 {
     /// against q8_0 activations: Σ codes·y - Σ off·y per lane (the activation's part once for
     /// the four rows), times the block's scale product, one FMA per block and row.
     #[inline(always)]
-    unsafe fn rows4_offset<const V: bool>(
+    unsafe fn rows4_offset<const V: u8>(
         wp: [*const u8; 4],
         xp: *const u8,
         nb: usize,
@@ -1119,7 +1146,7 @@ mod avx2 {
     /// (q4_1, q5_1) against q8_1 activations: ggml's Σ codes·y times `d·dy` and its fused
     /// running Σ m·s, the four rows' (d, m) pairs converted in one instruction.
     #[inline(always)]
-    unsafe fn rows4_with_min<const V: bool>(
+    unsafe fn rows4_with_min<const V: u8>(
         wp: [*const u8; 4],
         xp: *const u8,
         nb: usize,
@@ -1173,7 +1200,7 @@ mod avx2 {
         k: usize,
     ) -> [[f32; 4]; C] {
         // SAFETY: forwarded.
-        unsafe { vec_dot_4xc_in::<C, false>(t, w, x, k) }
+        unsafe { vec_dot_4xc_in::<C, 0>(t, w, x, k) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1184,11 +1211,22 @@ mod avx2 {
         k: usize,
     ) -> [[f32; 4]; C] {
         // SAFETY: forwarded.
-        unsafe { vec_dot_4xc_in::<C, true>(t, w, x, k) }
+        unsafe { vec_dot_4xc_in::<C, 1>(t, w, x, k) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn vec_dot_4xc_avxvnni<const C: usize>(
+        t: DType,
+        w: [&[u8]; 4],
+        x: [&[u8]; C],
+        k: usize,
+    ) -> [[f32; 4]; C] {
+        // SAFETY: forwarded.
+        unsafe { vec_dot_4xc_in::<C, 2>(t, w, x, k) }
     }
 
     #[inline(always)]
-    unsafe fn vec_dot_4xc_in<const C: usize, const V: bool>(
+    unsafe fn vec_dot_4xc_in<const C: usize, const V: u8>(
         t: DType,
         w: [&[u8]; 4],
         x: [&[u8]; C],
@@ -1647,7 +1685,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+        let isas: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
             .into_iter()
             .filter(|&i| crate::simd::isa() >= i && crate::simd::isa() != Isa::Neon)
             .chain([crate::simd::isa()])

@@ -7,7 +7,7 @@
 //! - scalar: ggml's portable code (`ggml-cpu/quants.c`, `*_generic`) with C's evaluation order
 //!   and no contraction of `a*b + c` into fused multiply-adds (what a compiler emits for it with
 //!   `-ffp-contract=off` or for a target without FMA);
-//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`):
+//! - AVX2 (`Isa::Avx2`, `Isa::AvxVnni` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`):
 //!   the same integer partial sums in the same 32-bit lanes (they are exact, but which lane a
 //!   product lands in decides the float rounding), the same fused multiply-adds per block and the
 //!   same horizontal reduction. Where gcc contracts a scalar `s += a*b` of that code into an FMA
@@ -68,7 +68,7 @@ fn act_block_size(t: DType) -> usize {
 
 /// Dot of one weight row (type `t`, `k` elements) with one activation row already in `t`'s
 /// `vec_dot_type` (q8_0, q8_1 or q8_K, as `matmul_quant::vec_dot_type` says). The scalar path
-/// is ggml's generic code; the AVX2 path (`Isa::Avx2`, `Isa::Avx512`, when the CPU has AVX2, FMA
+/// is ggml's generic code; the AVX2 path (`Isa::Avx2`, `Isa::AvxVnni`, `Isa::Avx512`, when the CPU has AVX2, FMA
 /// and F16C) is ggml's AVX2 code, with the same result as llama.cpp on an AVX2 machine.
 ///
 /// Panics if `t` is not [`supported`], `k` is not a multiple of its block size or a row is
@@ -97,13 +97,15 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
         return super::qdot_fp::vec_dot(isa, t, w, x, nb);
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above), and VNNI where that
         // kernel runs; w and x hold at least nb blocks of their formats (asserted above),
         // which is all the kernels read.
         return unsafe {
             if avx2::uses_vnni(isa) {
                 avx2::vec_dot_vnni(t, w, x, nb)
+            } else if avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot_avxvnni(t, w, x, nb)
             } else {
                 avx2::vec_dot(t, w, x, nb)
             }
@@ -154,7 +156,7 @@ pub fn vec_dot_rows(
         w.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512)
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && avx2::available()
         && !super::qdot_iq2::supported(t)
         && !super::qdot_iq13::supported(t)
@@ -165,6 +167,8 @@ pub fn vec_dot_rows(
         unsafe {
             if avx2::uses_vnni(isa) {
                 avx2::vec_dot_rows_vnni(t, w.as_ptr(), stride, x, nb, out)
+            } else if avx2::uses_avx_vnni(isa) {
+                avx2::vec_dot_rows_avxvnni(t, w.as_ptr(), stride, x, nb, out)
             } else {
                 avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out)
             }
@@ -652,6 +656,13 @@ pub(crate) mod avx2 {
         isa == Isa::Avx512 && vnni_available()
     }
 
+    /// Whether a kernel called with `isa` takes its AVX-VNNI entry point (`Isa::AvxVnni` on a
+    /// CPU with AVX-VNNI; by hand on one without, the AVX2 kernels).
+    #[inline]
+    pub(crate) fn uses_avx_vnni(isa: Isa) -> bool {
+        isa == Isa::AvxVnni && crate::simd::avx_vnni_available()
+    }
+
     /// Whether this CPU also runs the VNNI kernels (AVX-512 F/BW/VL + VNNI, as `Isa::Avx512`
     /// requires); checked again wherever `Isa::Avx512` is passed in by hand.
     pub fn vnni_available() -> bool {
@@ -739,7 +750,7 @@ pub(crate) mod avx2 {
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         let mut out = [0f32];
         // SAFETY: forwarded (one row at w).
-        unsafe { rows_in::<false>(t, w.as_ptr(), 0, x, nb, &mut out) };
+        unsafe { rows_in::<0>(t, w.as_ptr(), 0, x, nb, &mut out) };
         out[0]
     }
 
@@ -748,7 +759,16 @@ pub(crate) mod avx2 {
     pub unsafe fn vec_dot_vnni(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         let mut out = [0f32];
         // SAFETY: forwarded (one row at w); the caller checked the CPU's VNNI.
-        unsafe { rows_in::<true>(t, w.as_ptr(), 0, x, nb, &mut out) };
+        unsafe { rows_in::<1>(t, w.as_ptr(), 0, x, nb, &mut out) };
+        out[0]
+    }
+
+    /// [`vec_dot`] with AVX-VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn vec_dot_avxvnni(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+        let mut out = [0f32];
+        // SAFETY: forwarded (one row at w); the caller checked the CPU's AVX-VNNI.
+        unsafe { rows_in::<2>(t, w.as_ptr(), 0, x, nb, &mut out) };
         out[0]
     }
 
@@ -767,7 +787,7 @@ pub(crate) mod avx2 {
         out: &mut [f32],
     ) {
         // SAFETY: forwarded.
-        unsafe { rows_in::<false>(t, w, stride, x, nb, out) }
+        unsafe { rows_in::<0>(t, w, stride, x, nb, out) }
     }
 
     /// [`vec_dot_rows`] with AVX-512 VNNI: the same integer sums (so the same results), with
@@ -786,13 +806,30 @@ pub(crate) mod avx2 {
         out: &mut [f32],
     ) {
         // SAFETY: forwarded.
-        unsafe { rows_in::<true>(t, w, stride, x, nb, out) }
+        unsafe { rows_in::<1>(t, w, stride, x, nb, out) }
+    }
+
+    /// [`vec_dot_rows`] with AVX-VNNI.
+    ///
+    /// # Safety
+    /// As [`vec_dot_rows`], and the CPU has AVX-VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn vec_dot_rows_avxvnni(
+        t: DType,
+        w: *const u8,
+        stride: usize,
+        x: &[u8],
+        nb: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: forwarded.
+        unsafe { rows_in::<2>(t, w, stride, x, nb, out) }
     }
 
     /// The body of both: every kernel is inlined into each caller and compiled with its
     /// instruction set; `V` picks VNNI's byte dot product.
     #[inline(always)]
-    unsafe fn rows_in<const V: bool>(
+    unsafe fn rows_in<const V: u8>(
         t: DType,
         w: *const u8,
         stride: usize,
@@ -990,20 +1027,35 @@ pub(crate) mod avx2 {
     /// sum may exceed i16: true of every caller's values): `vpmaddubsw` + `vpmaddwd` on AVX2,
     /// one `vpdpbusd` with VNNI (`V`), as ggml's `mul_sum_us8_pairs_float`.
     #[inline(always)]
-    pub(crate) unsafe fn dot4<const V: bool>(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: register arithmetic only; V only in functions compiled for VNNI.
+    pub(crate) unsafe fn dot4<const V: u8>(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only; V = 1 only in functions compiled for AVX-512
+        // VNNI, V = 2 only in functions compiled for AVX-VNNI.
         unsafe {
-            if V {
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+            if V != 0 {
+                dpbusd::<V>(_mm256_setzero_si256(), a, b)
             } else {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
             }
         }
     }
 
+    /// `vpdpbusd` on 256-bit vectors: the EVEX form (AVX-512 VL + VNNI) for `V` = 1, the VEX
+    /// form (AVX-VNNI) for `V` = 2; the same operation.
+    #[inline(always)]
+    pub(crate) unsafe fn dpbusd<const V: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: the caller is compiled with the instruction set `V` names.
+        unsafe {
+            if V == 2 {
+                _mm256_dpbusd_avx_epi32(acc, a, b)
+            } else {
+                _mm256_dpbusd_epi32(acc, a, b)
+            }
+        }
+    }
+
     /// Signed x·y summed in fours (ggml's `mul_sum_i8_pairs_float`): |x| times y with x's sign.
     #[inline(always)]
-    pub(crate) unsafe fn dot4_i8<const V: bool>(x: __m256i, y: __m256i) -> __m256i {
+    pub(crate) unsafe fn dot4_i8<const V: u8>(x: __m256i, y: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe { dot4::<V>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
     }
@@ -1042,7 +1094,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q5_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q5_0<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -1061,7 +1113,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q5_1<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q5_1<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -1083,7 +1135,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn iq4_nl<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn iq4_nl<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -1127,7 +1179,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q2_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q2_k<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1171,7 +1223,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q3_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q3_k<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 4.
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1303,14 +1355,14 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q4_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q4_k<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded.
         unsafe { q4_k_with::<V, _>(w, x, nb, |xb, _| q8k_pair_sums(xb)) }
     }
 
     /// q4_K with the activations' pair sums of block `i` (at `xb`) from `pair_sums(xb, i)`.
     #[inline(always)]
-    unsafe fn q4_k_with<const V: bool, P: Fn(*const u8, usize) -> __m128i>(
+    unsafe fn q4_k_with<const V: u8, P: Fn(*const u8, usize) -> __m128i>(
         w: *const u8,
         x: *const u8,
         nb: usize,
@@ -1355,14 +1407,14 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q5_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q5_k<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded.
         unsafe { q5_k_with::<V, _>(w, x, nb, |xb, _| q8k_pair_sums(xb)) }
     }
 
     /// q5_K with the activations' pair sums of block `i` (at `xb`) from `pair_sums(xb, i)`.
     #[inline(always)]
-    unsafe fn q5_k_with<const V: bool, P: Fn(*const u8, usize) -> __m128i>(
+    unsafe fn q5_k_with<const V: u8, P: Fn(*const u8, usize) -> __m128i>(
         w: *const u8,
         x: *const u8,
         nb: usize,
@@ -1420,7 +1472,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q6_k<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn q6_k<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); shuffle rows are < 8.
         unsafe {
             let shuf = opaque(&SHUF_Q6K);
@@ -1463,7 +1515,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn iq4_xs<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn iq4_xs<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded.
         unsafe { iq4_xs_body(w, x, nb, |v, y| mul_i8_pairs(v, load256(y))) }
     }
@@ -1477,12 +1529,7 @@ pub(crate) mod avx2 {
     /// products as ggml's |v| · (y with v's sign), with one sign operation instead of two
     /// (|y| ≤ 127: q8_K's values, so no pair sum saturates).
     #[inline(always)]
-    unsafe fn iq4_xs_abs<const V: bool>(
-        w: *const u8,
-        x: *const u8,
-        ay: *const u8,
-        nb: usize,
-    ) -> f32 {
+    unsafe fn iq4_xs_abs<const V: u8>(w: *const u8, x: *const u8, ay: *const u8, nb: usize) -> f32 {
         // SAFETY: forwarded; `ay` has x's layout.
         unsafe {
             iq4_xs_body(w, x, nb, |v, y| {
@@ -1581,7 +1628,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn tq1_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn tq1_0<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut sumf = _mm256_setzero_ps();
@@ -1643,7 +1690,7 @@ pub(crate) mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn tq2_0<const V: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+    unsafe fn tq2_0<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1790,23 +1837,27 @@ mod tests {
                 );
                 // the VNNI kernels (where the CPU has them; AVX2's otherwise) sum the same
                 // integers: AVX2's bits, one row or many
-                let vnni = vec_dot(Isa::Avx512, t, &w, &x, k);
-                assert_eq!(
-                    vnni.to_bits(),
-                    got.to_bits(),
-                    "{t} k={k}: vnni {vnni} vs avx2 {got}"
-                );
+                for isa in [Isa::Avx512, Isa::AvxVnni] {
+                    let vnni = vec_dot(isa, t, &w, &x, k);
+                    assert_eq!(
+                        vnni.to_bits(),
+                        got.to_bits(),
+                        "{t} k={k}: {isa:?} {vnni} vs avx2 {got}"
+                    );
+                }
                 let mut ww = w.clone();
                 ww.extend(w.iter().map(|b| b ^ 0x5a));
                 let (mut o2, mut o5) = ([0f32; 2], [0f32; 2]);
                 vec_dot_rows(Isa::Avx2, t, &ww, nb * ts, &x, k, &mut o2);
-                vec_dot_rows(Isa::Avx512, t, &ww, nb * ts, &x, k, &mut o5);
                 assert_eq!(o2[0].to_bits(), got.to_bits(), "{t} k={k}: rows vs one row");
-                assert_eq!(
-                    o5.map(f32::to_bits),
-                    o2.map(f32::to_bits),
-                    "{t} k={k}: vnni rows"
-                );
+                for isa in [Isa::Avx512, Isa::AvxVnni] {
+                    vec_dot_rows(isa, t, &ww, nb * ts, &x, k, &mut o5);
+                    assert_eq!(
+                        o5.map(f32::to_bits),
+                        o2.map(f32::to_bits),
+                        "{t} k={k}: {isa:?} rows"
+                    );
+                }
             }
         }
     }
@@ -1821,6 +1872,17 @@ mod tests {
             chosen,
             avx2::vnni_available() && std::env::var("TESSERA_ISA").is_err()
         );
+        match std::env::var("TESSERA_EXPECT_AVX_VNNI").as_deref() {
+            Ok("1") => assert!(
+                crate::simd::avx_vnni_available(),
+                "expected a CPU with AVX-VNNI (the Isa::AvxVnni kernels)"
+            ),
+            Ok("0") => assert!(
+                !crate::simd::avx_vnni_available(),
+                "did not expect AVX-VNNI"
+            ),
+            _ => eprintln!("AVX-VNNI: {}", crate::simd::avx_vnni_available()),
+        }
         match std::env::var("TESSERA_EXPECT_AVX512").as_deref() {
             Ok("1") => assert!(
                 chosen,

@@ -7,7 +7,7 @@
 //! As in `qdot`, two paths, each reproducing one of ggml's down to the last bit:
 //! - scalar: ggml's portable code (`ggml-cpu/quants.c`, `ggml_vec_dot_<type>_q8_0_generic`) with
 //!   C's evaluation order and no contraction of `a*b + c` into fused multiply-adds;
-//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`),
+//! - AVX2 (`Isa::Avx2`, `Isa::AvxVnni` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`),
 //!   the same exact integer sums in the same 32-bit lanes, the same fused multiply-adds and the
 //!   same horizontal reduction. mxfp4 takes two blocks per step into two accumulators and an odd
 //!   last block the generic way (gcc does not fuse that `sumf += d*sumi`); q2_0 has no x86 code
@@ -49,7 +49,10 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         x.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && t != DType::Q2_0 && avx2::available() {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+        && t != DType::Q2_0
+        && avx2::available()
+    {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
         // weight blocks and the q8_0 blocks they meet (asserted above), all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };

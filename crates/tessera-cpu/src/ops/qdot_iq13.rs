@@ -8,7 +8,7 @@
 //! As in `qdot`, two paths, each reproducing one of ggml's down to the last bit:
 //! - scalar: ggml's portable code (`ggml-cpu/quants.c`, `ggml_vec_dot_<type>_q8_K_generic`) with
 //!   C's evaluation order and no contraction of `a*b + c` into fused multiply-adds;
-//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`):
+//! - AVX2 (`Isa::Avx2`, `Isa::AvxVnni` and `Isa::Avx512`): ggml's x86 AVX2 code (`ggml-cpu/arch/x86/quants.c`):
 //!   the same exact integer sums in the same 32-bit lanes, the same fused multiply-adds per block
 //!   and the same horizontal reduction. Where gcc contracts a scalar `a*b + c` of that code (iq1_s's
 //!   `accum1 += d*sumi1`, iq1_m's final `hsum1 + IQ1M_DELTA*hsum2`) this does too, and where it
@@ -52,7 +52,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         x.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
         // blocks of their formats (asserted above), which is all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };

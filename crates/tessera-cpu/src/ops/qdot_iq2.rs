@@ -9,7 +9,7 @@
 //! - scalar: ggml's generic code (`ggml-cpu/quants.c`): one integer sum per block, `sumf += d ·
 //!   bsum` with no fused multiply-add (the C source's order with `-ffp-contract=off`), then
 //!   `0.125 · sumf`;
-//! - AVX2 (`Isa::Avx2` and `Isa::Avx512`): ggml's AVX2 kernels (`ggml-cpu/arch/x86/quants.c`):
+//! - AVX2 (`Isa::Avx2`, `Isa::AvxVnni` and `Isa::Avx512`): ggml's AVX2 kernels (`ggml-cpu/arch/x86/quants.c`):
 //!   eight 32-bit lanes per block, lane n holding elements 4n..4n+4 of every 32-element
 //!   sub-block (what `maddubs` + `madd` make of them), one FMA of `d` into eight float lanes
 //!   per block, ggml's `hsum_float_8` and `0.125 ·` at the end. The result equals that of
@@ -53,7 +53,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         x.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
         // blocks of their formats (asserted above), which is all the kernels read.
         return unsafe { avx2::vec_dot(t, w, x, nb) };

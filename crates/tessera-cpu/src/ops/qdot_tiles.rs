@@ -49,7 +49,7 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
         );
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && avx2::available() {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         let xp = x.map(|c| c.as_ptr());
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w holds at least nb
         // weight blocks and every column at least nb q8_K blocks (asserted above), which is all
@@ -57,6 +57,8 @@ pub fn vec_dot_1x4(isa: Isa, t: DType, w: &[u8], x: [&[u8]; 4], k: usize) -> [f3
         return unsafe {
             if super::qdot::avx2::uses_vnni(isa) {
                 avx2::tile_vnni(t, w.as_ptr(), xp, nb)
+            } else if super::qdot::avx2::uses_avx_vnni(isa) {
+                avx2::tile_avxvnni(t, w.as_ptr(), xp, nb)
             } else {
                 avx2::tile(t, w.as_ptr(), xp, nb)
             }
@@ -97,6 +99,18 @@ mod avx2 {
     /// the `vpaddd` after it into one `vpdpwssd` (the same integers, so the same results).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn tile_vnni(
+        t: tessera::DType,
+        w: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { tile_in(t, w, x, nb) }
+    }
+
+    /// [`tile`] compiled for AVX-VNNI (the VEX `vpdpwssd`; the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn tile_avxvnni(
         t: tessera::DType,
         w: *const u8,
         x: [*const u8; 4],

@@ -86,7 +86,10 @@ pub fn applies(t: DType, cols_per_batch: usize) -> bool {
 pub fn runs_on(isa: crate::simd::Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available()
+        matches!(
+            isa,
+            crate::simd::Isa::Avx2 | crate::simd::Isa::AvxVnni | crate::simd::Isa::Avx512
+        ) && avx2::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -170,8 +173,14 @@ pub unsafe fn run(
     b: &Batch,
     scratch: *mut u8,
 ) {
-    // AVX-512 VNNI: the same integer sums with `vpdpbusd`
-    let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
+    // AVX-512 VNNI (1) or AVX-VNNI (2): the same integer sums with `vpdpbusd`
+    let vnni = if crate::ops::qdot::avx2::uses_vnni(isa) {
+        1
+    } else if crate::ops::qdot::avx2::uses_avx_vnni(isa) {
+        2
+    } else {
+        0
+    };
     if b.groups <= FEW_GROUPS {
         // SAFETY: forwarded.
         unsafe { run_few(vnni, t, k, rows, b) };
@@ -197,7 +206,7 @@ const FEW_GROUPS: usize = 3;
 /// accumulator loads and stores, no unpacked-block scratch). Same per-lane operations in the
 /// same order as [`run_chunk`], so the same bits.
 #[cfg(target_arch = "x86_64")]
-unsafe fn run_few(vnni: bool, t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch) {
+unsafe fn run_few(vnni: u8, t: DType, k: usize, rows: std::ops::Range<usize>, b: &Batch) {
     let nb = k / 32;
     for r in rows {
         for g in 0..b.groups {
@@ -205,8 +214,10 @@ unsafe fn run_few(vnni: bool, t: DType, k: usize, rows: std::ops::Range<usize>, 
             // the group's valid ones, in row r, which this caller owns.
             unsafe {
                 let (w, p) = (b.a.add(r * b.a_nb1), b.packed.add(g * nb * PACKED));
-                let v = if vnni {
+                let v = if vnni == 1 {
                     avx2::row_group_vnni(t, w, nb, p)
+                } else if vnni == 2 {
+                    avx2::row_group_avxvnni(t, w, nb, p)
                 } else {
                     avx2::row_group(t, w, nb, p)
                 };
@@ -221,7 +232,7 @@ unsafe fn run_few(vnni: bool, t: DType, k: usize, rows: std::ops::Range<usize>, 
 
 #[cfg(target_arch = "x86_64")]
 unsafe fn run_chunk(
-    vnni: bool,
+    vnni: u8,
     t: DType,
     k: usize,
     rows: std::ops::Range<usize>,
@@ -278,8 +289,10 @@ unsafe fn run_chunk(
                     unsafe {
                         let acc = accs.as_mut_ptr().add((ri * gn + g) * 72);
                         let wr = &wbs[ri * kn..(ri + 1) * kn];
-                        if vnni {
+                        if vnni == 1 {
                             avx2::kernel_vnni(t, wr, pk, acc, k0 == 0);
+                        } else if vnni == 2 {
+                            avx2::kernel_avxvnni(t, wr, pk, acc, k0 == 0);
                         } else {
                             avx2::kernel(t, wr, pk, acc, k0 == 0);
                         }
@@ -322,6 +335,7 @@ mod avx2 {
     use tessera::DType;
 
     use super::{WBlock, OFF_AUX, OFF_D, OFF_S, PACKED};
+    use crate::ops::qdot::avx2::dpbusd;
 
     pub use crate::ops::qdot::avx2::available;
     use crate::ops::qdot::avx2::{f16, transpose8};
@@ -483,18 +497,24 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_group(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
         // SAFETY: forwarded.
-        unsafe { row_group_in::<false>(t, w, nb, p) }
+        unsafe { row_group_in::<0>(t, w, nb, p) }
     }
 
     /// [`row_group`] with AVX-512 VNNI (the same integers, so the same results).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn row_group_vnni(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
         // SAFETY: forwarded.
-        unsafe { row_group_in::<true>(t, w, nb, p) }
+        unsafe { row_group_in::<1>(t, w, nb, p) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn row_group_avxvnni(t: DType, w: *const u8, nb: usize, p: *const u8) -> [f32; 8] {
+        // SAFETY: forwarded.
+        unsafe { row_group_in::<2>(t, w, nb, p) }
     }
 
     #[inline(always)]
-    unsafe fn row_group_in<const V: bool>(
+    unsafe fn row_group_in<const V: u8>(
         t: DType,
         w: *const u8,
         nb: usize,
@@ -505,7 +525,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn row_body<const T: u8, const V: bool>(
+    unsafe fn row_body<const T: u8, const V: u8>(
         t: DType,
         w: *const u8,
         nb: usize,
@@ -541,7 +561,7 @@ mod avx2 {
     /// and q5_1's Σ m·s, then the eight lanes — the per-block step of both `kernel` and
     /// `row_group`.
     #[inline(always)]
-    unsafe fn block_step<const T: u8, const V: bool>(
+    unsafe fn block_step<const T: u8, const V: u8>(
         wb: &WBlock,
         pb: *const u8,
         ones: __m256i,
@@ -565,7 +585,7 @@ mod avx2 {
     /// Lane `i` of one block for the eight columns: the exact integer sum of the lane's four
     /// products per column, then one FMA into the lane's accumulator.
     #[inline(always)]
-    unsafe fn lane_step<const T: u8, const V: bool>(
+    unsafe fn lane_step<const T: u8, const V: u8>(
         wb: &WBlock,
         pb: *const u8,
         i: usize,
@@ -585,13 +605,13 @@ mod avx2 {
                 let aw =
                     _mm256_set1_epi32((wb.aq.as_ptr().add(4 * i) as *const i32).read_unaligned());
                 let sx = _mm256_sub_epi8(_mm256_xor_si256(x, wv), wv);
-                if V {
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+                if V != 0 {
+                    dpbusd::<V>(_mm256_setzero_si256(), aw, sx)
                 } else {
                     _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
                 }
-            } else if V {
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, x)
+            } else if V != 0 {
+                dpbusd::<V>(_mm256_setzero_si256(), wv, x)
             } else {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones)
             };
@@ -611,18 +631,30 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
         // SAFETY: forwarded.
-        unsafe { kernel_in::<false>(t, wbs, p, acc, fresh) }
+        unsafe { kernel_in::<0>(t, wbs, p, acc, fresh) }
     }
 
     /// [`kernel`] with AVX-512 VNNI (the same integers, so the same results).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn kernel_vnni(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
         // SAFETY: forwarded.
-        unsafe { kernel_in::<true>(t, wbs, p, acc, fresh) }
+        unsafe { kernel_in::<1>(t, wbs, p, acc, fresh) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn kernel_avxvnni(
+        t: DType,
+        wbs: &[WBlock],
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { kernel_in::<2>(t, wbs, p, acc, fresh) }
     }
 
     #[inline(always)]
-    unsafe fn kernel_in<const V: bool>(
+    unsafe fn kernel_in<const V: u8>(
         t: DType,
         wbs: &[WBlock],
         p: *const u8,
@@ -634,7 +666,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn body<const T: u8, const V: bool>(
+    unsafe fn body<const T: u8, const V: u8>(
         wbs: &[WBlock],
         p: *const u8,
         acc: *mut f32,

@@ -796,10 +796,14 @@ pub unsafe fn run(
         )
     };
     #[cfg(target_arch = "x86_64")]
-    let simd =
-        matches!(isa, crate::simd::Isa::Avx2 | crate::simd::Isa::Avx512) && avx2::available();
+    let simd = matches!(
+        isa,
+        crate::simd::Isa::Avx2 | crate::simd::Isa::AvxVnni | crate::simd::Isa::Avx512
+    ) && avx2::available();
     #[cfg(target_arch = "x86_64")]
     let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
+    #[cfg(target_arch = "x86_64")]
+    let avx_vnni = crate::ops::qdot::avx2::uses_avx_vnni(isa);
     // two groups at once in 512-bit registers, packed by `pack_half`
     #[cfg(target_arch = "x86_64")]
     let wide = wide(isa);
@@ -866,6 +870,8 @@ pub unsafe fn run(
                         unsafe {
                             if vnni {
                                 avx2::block_vnni(t, &wbs[..rn], pk, acc, stride)
+                            } else if avx_vnni {
+                                avx2::block_avxvnni(t, &wbs[..rn], pk, acc, stride)
                             } else {
                                 avx2::block(t, &wbs[..rn], pk, acc, stride)
                             }
@@ -1140,6 +1146,19 @@ mod avx2 {
     /// and the `vpaddd` after it into one `vpdpwssd` (the same integers, so the same results).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn block_vnni(
+        t: DType,
+        wbs: &[WBlock],
+        p: *const u8,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { block_in(t, wbs, p, acc, stride) }
+    }
+
+    /// [`block`] compiled for AVX-VNNI (the VEX `vpdpwssd`; the same results).
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn block_avxvnni(
         t: DType,
         wbs: &[WBlock],
         p: *const u8,

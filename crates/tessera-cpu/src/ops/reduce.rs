@@ -97,7 +97,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
 
 // ----- helpers shared by this crate's less hot families (sort, loss, optim, conv, misc)
 
-/// The AVX2 (+FMA, F16C) paths run for `Isa::Avx2` and `Isa::Avx512`.
+/// The AVX2 (+FMA, F16C) paths run for `Isa::Avx2`, `Isa::AvxVnni` and `Isa::Avx512`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline]
 pub(crate) fn use_avx2(isa: Isa) -> bool {

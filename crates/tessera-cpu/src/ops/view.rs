@@ -36,7 +36,7 @@ pub(crate) const ALIGN: usize = 32;
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx2(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512)
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
 }
 
 /// This thread's part of `0..n`, split at multiples of [`ALIGN`].
