@@ -152,39 +152,27 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
     let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--shapes", "64x"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("'64x' is not K×M"), "{err}");
-    let (code, out, err) = tessera(&[
-        "bench-ops",
-        "--only",
-        "quant",
-        "--types",
-        "q8_0",
-        "--shapes",
-        "64x8",
-        "-t",
-        "1",
-        "-r",
-        "1",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| q")).collect();
-    assert_eq!(rows.len(), 1, "{out}");
-    assert!(rows[0].starts_with("| q8_0 | 64×8 | 1 |"), "{out}");
-    // the float weight types too
-    let (code, out, err) = tessera(&[
-        "bench-ops",
-        "--only",
-        "quant",
-        "--types",
-        "bf16",
-        "--shapes",
-        "64x8",
-        "-t",
-        "1",
-        "-r",
-        "1",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| bf16")).collect();
-    assert_eq!(rows.len(), 1, "{out}");
-    assert!(rows[0].starts_with("| bf16 | 64×8 | 1 |"), "{out}");
+    // one cell of a quantized and of a float weight type
+    for t in ["q8_0", "bf16"] {
+        let (code, out, err) = tessera(&[
+            "bench-ops",
+            "--only",
+            "quant",
+            "--types",
+            t,
+            "--shapes",
+            "64x8",
+            "-t",
+            "1",
+            "-r",
+            "1",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with(&format!("| {t} ")))
+            .collect();
+        assert_eq!(rows.len(), 1, "{out}");
+        assert!(rows[0].starts_with(&format!("| {t} | 64×8 | 1 |")), "{out}");
+    }
 }
