@@ -1596,6 +1596,28 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// `avg(q, avg(q, 0))` per byte (`vpavgb` twice), written out: LLVM sees `vpavgb` as a
+    /// widening add and shift and, given [`top_trit`]'s `q - 1` and zero, rewrites it into
+    /// byte-to-word widening or `vpmaxub` + `vpsrlw` + `vpand` chains, several instructions
+    /// for one (tq1_0's kernel is bound by its vector instructions).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avg_twice(q: __m256i) -> __m256i {
+        let (out, _t): (__m256i, __m256i);
+        // SAFETY: register arithmetic only (no memory, no stack, flags untouched).
+        unsafe {
+            std::arch::asm!(
+                "vpxor {t:x}, {t:x}, {t:x}",
+                "vpavgb {t}, {q}, {t}",
+                "vpavgb {q}, {q}, {t}",
+                q = inout(ymm_reg) q => out,
+                t = out(ymm_reg) _t,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        out
+    }
+
     /// Base-3 digits of bytes already multiplied by their power of 3 (mod 256): the top two
     /// bits of about 3·q/2 (ggml's halving-add trick), 0..2 per byte.
     #[inline]
@@ -1603,8 +1625,7 @@ pub(crate) mod avx2 {
     unsafe fn top_trit(q: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe {
-            let q = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
-            let q = _mm256_avg_epu8(q, _mm256_avg_epu8(q, _mm256_setzero_si256()));
+            let q = avg_twice(_mm256_subs_epu8(q, _mm256_set1_epi8(1)));
             _mm256_and_si256(_mm256_srli_epi16::<6>(q), _mm256_set1_epi8(3))
         }
     }
@@ -1627,8 +1648,44 @@ pub(crate) mod avx2 {
         unsafe { _mm_add_epi8(_mm_and_si128(_mm_slli_epi16::<3>(q), _mm_set1_epi8(-8)), q) }
     }
 
+    /// A tq1_0 block's last 20 bytes as three registers of two 16-byte digit groups each,
+    /// still to go through [`top_trit`]: the five digits of bytes 32..48 (times 1, 3, 9, 27,
+    /// 81) for elements 160..240, then the four of bytes 48..52 (times 1, 3, 9, 27) for
+    /// 240..256.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tq1_0_tail(wb: *const u8) -> [__m256i; 3] {
+        // SAFETY: a whole block at wb (caller).
+        unsafe {
+            let r0 = load128(wb.add(32));
+            let qh = (wb.add(48) as *const i32).read_unaligned();
+            let r1 = _mm_add_epi8(r0, _mm_add_epi8(r0, r0));
+            let r2 = times9_128(r0);
+            let r3 = times9_128(r1);
+            let r4 = times9_128(r2);
+            let h = _mm256_mullo_epi16(
+                _mm256_cvtepu8_epi16(_mm_set1_epi32(qh)),
+                _mm256_set_epi16(27, 27, 27, 27, 9, 9, 9, 9, 3, 3, 3, 3, 1, 1, 1, 1),
+            );
+            let h = _mm256_and_si256(h, _mm256_set1_epi16(0xff));
+            let r5 = _mm_packus_epi16(
+                _mm256_extracti128_si256::<0>(h),
+                _mm256_extracti128_si256::<1>(h),
+            );
+            [
+                _mm256_set_m128i(r1, r0),
+                _mm256_set_m128i(r3, r2),
+                _mm256_set_m128i(r5, r4),
+            ]
+        }
+    }
+
     #[inline(always)]
     unsafe fn tq1_0<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        if V == 1 {
+            // SAFETY: forwarded; V = 1 only in functions compiled for AVX-512 VNNI.
+            return unsafe { ternary_zmm::tq1_0(w, x, nb) };
+        }
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let mut sumf = _mm256_setzero_ps();
@@ -1650,26 +1707,7 @@ pub(crate) mod avx2 {
                 let mut sumi1 = _mm256_add_epi16(p[2], p[3]);
                 let mut sumi2 = p[4];
                 // elements 160..240 (16 bytes of five digits) and 240..256 (4 bytes of four)
-                let r0 = load128(wb.add(32));
-                let qh = (wb.add(48) as *const i32).read_unaligned();
-                let r1 = _mm_add_epi8(r0, _mm_add_epi8(r0, r0));
-                let r2 = times9_128(r0);
-                let r3 = times9_128(r1);
-                let r4 = times9_128(r2);
-                let h = _mm256_mullo_epi16(
-                    _mm256_cvtepu8_epi16(_mm_set1_epi32(qh)),
-                    _mm256_set_epi16(27, 27, 27, 27, 9, 9, 9, 9, 3, 3, 3, 3, 1, 1, 1, 1),
-                );
-                let h = _mm256_and_si256(h, _mm256_set1_epi16(0xff));
-                let r5 = _mm_packus_epi16(
-                    _mm256_extracti128_si256::<0>(h),
-                    _mm256_extracti128_si256::<1>(h),
-                );
-                let pairs = [
-                    _mm256_set_m128i(r1, r0),
-                    _mm256_set_m128i(r3, r2),
-                    _mm256_set_m128i(r5, r4),
-                ];
+                let pairs = tq1_0_tail(wb);
                 let mut p = [_mm256_setzero_si256(); 3];
                 for (l, v) in pairs.into_iter().enumerate() {
                     p[l] = _mm256_maddubs_epi16(top_trit(v), load256(q8.add(160 + 32 * l)));
@@ -1691,6 +1729,10 @@ pub(crate) mod avx2 {
 
     #[inline(always)]
     unsafe fn tq2_0<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        if V == 1 {
+            // SAFETY: forwarded; V = 1 only in functions compiled for AVX-512 VNNI.
+            return unsafe { ternary_zmm::tq2_0(w, x, nb) };
+        }
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let m3 = _mm256_set1_epi8(3);
@@ -1721,6 +1763,132 @@ pub(crate) mod avx2 {
                 sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_sums(s)), d, sumf);
             }
             hsum(sumf)
+        }
+    }
+
+    /// tq1_0 and tq2_0 in 512-bit registers with `vpdpbusd`, for AVX-512 VNNI.
+    ///
+    /// ggml's AVX2 kernels sum each 32-byte group of a block's 256 activations into 16-bit
+    /// lanes (bytes 2i, 2i+1 of every group into lane i), take the activations' sums off, and
+    /// add lane pairs into eight i32 lanes before the one float step per block. Those sums are
+    /// exact (|each| < 2^13 even with the invalid digit 3), so lane i of the eight is
+    /// Σ over the groups of bytes 4i..4i+3 of w·y, minus bsums[2i] + bsums[2i+1], however it
+    /// is grouped. Here every 512-bit register holds two groups, `vpdpbusd` adds four bytes
+    /// into each i32 lane, and the halves are added at the end: the same eight integers, so
+    /// the same float steps give the same bits, with about half the instructions.
+    mod ternary_zmm {
+        use std::arch::x86_64::*;
+
+        use super::{f16, f32_le, hsum, load256, pair_sums, prefetch_block};
+        use super::{times9, tq1_0_tail, Q8_K_SIZE, QK_K};
+
+        #[inline(always)]
+        unsafe fn ld(p: *const u8) -> __m512i {
+            // SAFETY: 64 readable bytes at p (caller).
+            unsafe { _mm512_loadu_si512(p as *const _) }
+        }
+
+        /// Two 32-byte groups, `lo` and `hi`, in one register.
+        #[inline(always)]
+        unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+            // SAFETY: register arithmetic only (AVX-512 F in the caller).
+            unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
+        }
+
+        /// [`super::top_trit`] on 64 bytes.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn top_trit_zmm(q: __m512i) -> __m512i {
+            // SAFETY: register arithmetic only (no memory, no stack, flags untouched).
+            unsafe {
+                let q0 = _mm512_subs_epu8(q, _mm512_set1_epi8(1));
+                // `vpavgb` twice, written out as in `super::avg_twice`
+                let (q, _t): (__m512i, __m512i);
+                std::arch::asm!(
+                    "vpxord {t:x}, {t:x}, {t:x}",
+                    "vpavgb {t}, {q}, {t}",
+                    "vpavgb {q}, {q}, {t}",
+                    q = inout(zmm_reg) q0 => q,
+                    t = out(zmm_reg) _t,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+                _mm512_and_si512(_mm512_srli_epi16::<6>(q), _mm512_set1_epi8(3))
+            }
+        }
+
+        /// The block's eight i32 lanes from its two-group sums and its activations' sums,
+        /// into the float accumulator as ggml's kernel does (d·sum, fused into the add).
+        #[inline(always)]
+        unsafe fn finish(acc: __m512i, xb: *const u8, d_w: f32, sumf: __m256) -> __m256 {
+            // SAFETY: a whole q8_K block at xb (caller); register arithmetic otherwise.
+            unsafe {
+                let s = _mm256_add_epi32(
+                    _mm512_castsi512_si256(acc),
+                    _mm512_extracti64x4_epi64::<1>(acc),
+                );
+                let s = _mm256_sub_epi32(s, pair_sums(load256(xb.add(4 + QK_K))));
+                let d = _mm256_set1_ps(f32_le(xb) * d_w);
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf)
+            }
+        }
+
+        #[inline(always)]
+        pub(super) unsafe fn tq1_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+            // SAFETY: nb blocks behind w and x (caller); AVX-512 F/BW/VL + VNNI (caller).
+            unsafe {
+                let mut sumf = _mm256_setzero_ps();
+                for i in 0..nb {
+                    let (wb, xb) = (w.add(i * 54), x.add(i * Q8_K_SIZE));
+                    prefetch_block::<54>(wb);
+                    let y = xb.add(4);
+                    // groups 0..5: the first 32 bytes' five digits (times 1, 3, 9, 27, 81)
+                    let q0 = load256(wb);
+                    let z01 = join(q0, _mm256_add_epi8(q0, _mm256_add_epi8(q0, q0)));
+                    let z23 = _mm512_add_epi8(
+                        _mm512_and_si512(_mm512_slli_epi16::<3>(z01), _mm512_set1_epi8(-8)),
+                        z01,
+                    );
+                    let q4 = times9(_mm512_castsi512_si256(z23));
+                    // groups 5..8: the next 16 bytes' five digits and the last 4 bytes' four
+                    let [r01, r23, r45] = tq1_0_tail(wb);
+                    let z45 = join(q4, r01);
+                    let z67 = join(r23, r45);
+                    let mut acc = _mm512_setzero_si512();
+                    for (g, z) in [z01, z23, z45, z67].into_iter().enumerate() {
+                        acc = _mm512_dpbusd_epi32(acc, top_trit_zmm(z), ld(y.add(64 * g)));
+                    }
+                    sumf = finish(acc, xb, f16(wb.add(52)), sumf);
+                }
+                hsum(sumf)
+            }
+        }
+
+        #[inline(always)]
+        pub(super) unsafe fn tq2_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+            // SAFETY: nb blocks behind w and x (caller); AVX-512 F/BW/VL + VNNI (caller).
+            unsafe {
+                let m3 = _mm512_set1_epi8(3);
+                // per 16-bit lane: digit 0 in the low half, 1 in the high (then 2 and 3)
+                let s01 = join(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+                let s23 = join(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
+                let mut sumf = _mm256_setzero_ps();
+                for i in 0..nb {
+                    let (wb, xb) = (w.add(i * 66), x.add(i * Q8_K_SIZE));
+                    prefetch_block::<66>(wb);
+                    let y = xb.add(4);
+                    let mut acc = _mm512_setzero_si512();
+                    for c in 0..2 {
+                        // 32 bytes of four digits against activations 128c .. 128c + 128
+                        let q = _mm512_broadcast_i64x4(load256(wb.add(32 * c)));
+                        let v01 = _mm512_and_si512(_mm512_srlv_epi16(q, s01), m3);
+                        let v23 = _mm512_and_si512(_mm512_srlv_epi16(q, s23), m3);
+                        acc = _mm512_dpbusd_epi32(acc, v01, ld(y.add(128 * c)));
+                        acc = _mm512_dpbusd_epi32(acc, v23, ld(y.add(128 * c + 64)));
+                    }
+                    sumf = finish(acc, xb, f16(wb.add(64)), sumf);
+                }
+                hsum(sumf)
+            }
         }
     }
 }
