@@ -18,6 +18,26 @@ fn nmse(got: &[f32], want: &[f64]) -> f64 {
     num / den.max(1e-300)
 }
 
+/// A session computing `mul_mat(a, b)` for weights `av` quantized to `t` (shape `a_ne`) and
+/// f32 activations `bv` (shape `b_ne`): the session, the product's id and the weights' bytes.
+fn product(
+    t: DType,
+    a_ne: &[usize],
+    b_ne: &[usize],
+    av: &[f32],
+    bv: &[f32],
+) -> (Session, tessera::TensorId, Vec<u8>) {
+    let mut g = Graph::new();
+    let a = g.new_tensor(t, a_ne).unwrap();
+    let b = g.new_f32(b_ne).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_f32(a, av).unwrap();
+    s.set_f32(b, bv).unwrap();
+    let wbytes = s.get_bytes(a).unwrap();
+    (s, y, wbytes)
+}
+
 #[test]
 fn quantized_mul_mat_matches_the_reference() {
     let mut rng = Rng::new(21);
@@ -144,14 +164,7 @@ fn few_column_products_equal_the_one_row_kernel_in_any_row_order() {
         ] {
             let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let bv: Vec<f32> = (0..k * n * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let mut g = Graph::new();
-            let a = g.new_tensor(t, &[k, m, 1]).unwrap();
-            let b = g.new_f32(&[k, n, 2]).unwrap();
-            let y = g.mul_mat(a, b).unwrap();
-            let mut s = Session::new(g, &[y]).unwrap();
-            s.set_f32(a, &av).unwrap();
-            s.set_f32(b, &bv).unwrap();
-            let wbytes = s.get_bytes(a).unwrap();
+            let (mut s, y, wbytes) = product(t, &[k, m, 1], &[k, n, 2], &av, &bv);
             let row = t.row_size(k).unwrap();
             let vdt = vec_dot_type(t);
             for cpu in cpu_configs() {
@@ -170,6 +183,48 @@ fn few_column_products_equal_the_one_row_kernel_in_any_row_order() {
                             cpu.n_threads()
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The types with one-row kernels only (ternary, microscaling, most i-quants) run a product's
+/// columns one by one over L1-sized groups of rows, inside row and column cache blocks: every
+/// element must still be `vec_dot` of its row and column, with ragged row groups, two row
+/// blocks and two column blocks, on every instruction set and thread count.
+#[test]
+fn one_row_kernel_types_compute_every_element_as_vec_dot() {
+    use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot, vec_dot_type};
+    let mut rng = Rng::new(24);
+    let (k, m, n) = (4096usize, 70usize, 30usize);
+    for t in [DType::TQ1_0, DType::TQ2_0, DType::MXFP4] {
+        assert!(tessera_quants::can_quantize(t.id()), "{t} has a quantizer");
+        let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let bv: Vec<f32> = (0..k * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let (mut s, y, wbytes) = product(t, &[k, m], &[k, n], &av, &bv);
+        let row = t.row_size(k).unwrap();
+        let vdt = vec_dot_type(t);
+        let xs: Vec<Vec<u8>> = (0..n)
+            .map(|col| {
+                let mut x = vec![0u8; vdt.row_size(k).unwrap()];
+                quantize_activations(vdt, &bv[col * k..(col + 1) * k], &mut x).unwrap();
+                x
+            })
+            .collect();
+        for cpu in cpu_configs() {
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(y).unwrap();
+            for (col, x) in xs.iter().enumerate() {
+                for r in 0..m {
+                    let want = vec_dot(cpu.isa(), t, &wbytes[r * row..(r + 1) * row], x, k);
+                    assert_eq!(
+                        got[col * m + r].to_bits(),
+                        want.to_bits(),
+                        "{t}: row {r} column {col} on {:?}/{}t",
+                        cpu.isa(),
+                        cpu.n_threads()
+                    );
                 }
             }
         }

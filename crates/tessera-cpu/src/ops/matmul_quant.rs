@@ -410,6 +410,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // quantized columns (a multiple of 3)
     let rb = ((64 << 10) / row_bytes.max(1) / 4 * 4).max(4);
     let cb = ((128 << 10) / l.qrow.max(1) / 3 * 3).max(3);
+    // the one-row integer kernels of `qdot`, columns outer over sub-blocks of about 16 KiB of
+    // rows (the types with kernels that share work between rows or columns keep rows outer)
+    let column_major = has_int_kernel(a.dtype)
+        && super::qdot::supported(a.dtype)
+        && !super::qdot_tiles::supported(a.dtype);
+    let sub = ((16 << 10) / row_bytes.max(1)).max(1);
+    let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+        && super::qdot::self_prefetching(a.dtype);
     for (a_off, d_off, col0) in batches() {
         // cache blocking: a block of this thread's rows (weights kept in L2) against a
         // block of columns (quantized activations kept in L2); each result is still
@@ -420,6 +428,46 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let mut c0 = 0;
             while c0 < n {
                 let c1 = (c0 + cb).min(n);
+                if column_major {
+                    // One column against a few rows at a time, all in L1: these kernels
+                    // share nothing between columns, and an activation row (q8_K: 292 bytes
+                    // a superblock) outweighs a weight row (tq2_0: 66), so the column stays
+                    // put while the rows go by, as ggml's 16×16 blocks do. Each result is
+                    // still `vec_dot` of its row and column.
+                    let mut s0 = r0;
+                    while s0 < r1 {
+                        let s1 = (s0 + sub).min(r1);
+                        // SAFETY: rows s0..s1 of a lie in its validated span; dst[s0..s1, ..]
+                        // of this batch (f32, contiguous along rows) is written by this
+                        // thread only; the quantized columns were finished before the
+                        // barrier.
+                        unsafe {
+                            if c0 == 0 && !own_prefetch {
+                                for r in s0 + ahead..(s1 + ahead).min(rows.end) {
+                                    prefetch_row(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes);
+                                }
+                            }
+                            let w = std::slice::from_raw_parts(
+                                ctx.src[0].add(a_off + s0 * a.nb[1]),
+                                (s1 - s0 - 1) * a.nb[1] + row_bytes,
+                            );
+                            for j in c0..c1 {
+                                let q = std::slice::from_raw_parts(
+                                    ctx.wdata.add((col0 + j) * l.qrow),
+                                    l.qrow,
+                                );
+                                let out = std::slice::from_raw_parts_mut(
+                                    (ctx.dst.add(d_off + j * d.nb[1]) as *mut f32).add(s0),
+                                    s1 - s0,
+                                );
+                                super::qdot::vec_dot_rows(ctx.isa, a.dtype, w, a.nb[1], q, k, out);
+                            }
+                        }
+                        s0 = s1;
+                    }
+                    c0 = c1;
+                    continue;
+                }
                 let mut im = r0;
                 while im < r1 {
                     // four rows at a time share each activation load and the scale conversions (the
@@ -458,9 +506,6 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             // the row `ahead` rows on, a few KiB away, into the cache while this one
                             // is computed (a single core streams from memory only with enough misses
                             // in flight; the one-row kernels have no prefetch of their own)
-                            let own_prefetch =
-                                matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
-                                    && super::qdot::self_prefetching(a.dtype);
                             if c0 == 0 && im + ahead < rows.end && !own_prefetch {
                                 prefetch_row(
                                     ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
