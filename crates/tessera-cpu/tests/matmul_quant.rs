@@ -190,22 +190,33 @@ fn few_column_products_equal_the_one_row_kernel_in_any_row_order() {
 }
 
 /// The types with one-row kernels only (ternary, microscaling, most i-quants) run a product's
-/// columns one by one over L1-sized groups of rows, inside row and column cache blocks: every
-/// element must still be `vec_dot` of its row and column, with ragged row groups, two row
+/// columns one by one over L1-sized groups of rows, inside row and column cache blocks; the
+/// mat-vec of the one-row kernels hands its rows out in chunks, batch by batch: every element
+/// must still be `vec_dot` of its row and column, with ragged row groups and chunks, two row
 /// blocks and two column blocks, on every instruction set and thread count.
 #[test]
 fn one_row_kernel_types_compute_every_element_as_vec_dot() {
     use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot, vec_dot_type};
     let mut rng = Rng::new(24);
-    let (k, m, n) = (4096usize, 70usize, 30usize);
-    for t in [DType::TQ1_0, DType::TQ2_0, DType::MXFP4] {
+    let k = 4096usize;
+    let many = [DType::TQ1_0, DType::TQ2_0, DType::MXFP4].map(|t| (t, 70usize, 30usize, 1usize));
+    let matvec = [
+        DType::TQ1_0,
+        DType::Q4K,
+        DType::Q6K,
+        DType::IQ4XS,
+        DType::Q5_0,
+    ]
+    .into_iter()
+    .flat_map(|t| [(t, 70, 1, 1), (t, 37, 1, 3)]);
+    for (t, m, n, nb) in many.into_iter().chain(matvec) {
         assert!(tessera_quants::can_quantize(t.id()), "{t} has a quantizer");
         let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let bv: Vec<f32> = (0..k * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let (mut s, y, wbytes) = product(t, &[k, m], &[k, n], &av, &bv);
+        let bv: Vec<f32> = (0..k * n * nb).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let (mut s, y, wbytes) = product(t, &[k, m], &[k, n, nb], &av, &bv);
         let row = t.row_size(k).unwrap();
         let vdt = vec_dot_type(t);
-        let xs: Vec<Vec<u8>> = (0..n)
+        let xs: Vec<Vec<u8>> = (0..n * nb)
             .map(|col| {
                 let mut x = vec![0u8; vdt.row_size(k).unwrap()];
                 quantize_activations(vdt, &bv[col * k..(col + 1) * k], &mut x).unwrap();
@@ -221,7 +232,7 @@ fn one_row_kernel_types_compute_every_element_as_vec_dot() {
                     assert_eq!(
                         got[col * m + r].to_bits(),
                         want.to_bits(),
-                        "{t}: row {r} column {col} on {:?}/{}t",
+                        "{t} m={m} n={n} batches={nb}: row {r} column {col} on {:?}/{}t",
                         cpu.isa(),
                         cpu.n_threads()
                     );

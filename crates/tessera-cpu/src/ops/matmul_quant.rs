@@ -311,45 +311,68 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         return Ok(());
     }
+    // SAFETY: as for the packed paths above: 8 bytes of the work buffer at a 64-byte aligned
+    // offset, only ever accessed atomically.
+    let taken = unsafe { &*(ctx.wdata.add(l.counter_off) as *const AtomicUsize) };
+    if ctx.ith == 0 {
+        taken.store(0, Ordering::Relaxed);
+    }
     for col in ctx.share(l.cols) {
         quantize_col(col, tmp)?;
     }
     ctx.barrier();
     // Phase 2: rows of a split across threads.
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    // every batch (i2, i3): its weight matrix's offset (broadcast over r2, r3), its result's
+    // batch bi = (i2, i3): its weight matrix's offset (broadcast over r2, r3), its result's
     // offset and its first column among the quantized columns
-    let batches = || {
-        (0..b.ne[3]).flat_map(move |i3| {
-            (0..b.ne[2]).map(move |i2| {
-                (
-                    (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3],
-                    i2 * d.nb[2] + i3 * d.nb[3],
-                    (i3 * b.ne[2] + i2) * b.ne[1],
-                )
+    let batch_at = |bi: usize| {
+        let (i3, i2) = (bi / b.ne[2], bi % b.ne[2]);
+        (
+            (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3],
+            i2 * d.nb[2] + i3 * d.nb[3],
+            bi * b.ne[1],
+        )
+    };
+    let batches = || (0..b.ne[2] * b.ne[3]).map(batch_at);
+    let row_bytes = a.dtype.row_size(k).expect("validated");
+    // Mat-vec rows go out in chunks from the shared counter (two per thread, whole groups of
+    // four rows), not as fixed halves: a thread the host slows then computes fewer chunks
+    // instead of holding up the node, as in ggml's chunked mul_mat. (Four per thread cost
+    // SmolLM2's tg128 a few percent: shorter runs for the four-row streams.) Which thread
+    // computes a row does not change it.
+    let chunk = if ctx.nth == 1 {
+        m.max(1)
+    } else {
+        m.div_ceil(2 * ctx.nth).next_multiple_of(4).max(4)
+    };
+    let per_batch = m.div_ceil(chunk);
+    let chunks = || {
+        std::iter::from_fn(|| {
+            let c = taken.fetch_add(1, Ordering::Relaxed);
+            (c < per_batch * b.ne[2] * b.ne[3]).then(|| {
+                let (bi, ci) = (c / per_batch, c % per_batch);
+                (batch_at(bi), ci * chunk..((ci + 1) * chunk).min(m))
             })
         })
     };
-    let row_bytes = a.dtype.row_size(k).expect("validated");
-    let rows = ctx.share(m);
     // prefetch distance for the four-row kernels: the next group of rows, and at least 4 KiB
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
     let pf = (4 * a.nb[1]).max(4096);
     let ahead = 4096usize.div_ceil(a.nb[1].max(1)).max(1);
     if (n <= FAR_ROWS_MAX_COLS && local_kernel(a.dtype)) || (n == 1 && four_row_only(a.dtype)) {
         // Mat-vec and a few columns (decode, one per sequence): each four-row call takes its
-        // rows from the four quarters of this thread's rows (q, q + Q, q + 2Q, q + 3Q), so the
+        // rows from the four quarters of the chunk's rows (q, q + Q, q + 2Q, q + 3Q), so the
         // weights stream from memory as four long sequential runs. Four adjacent short rows
         // (SmolLM2's are 360-612 bytes) hop through memory in 1.5-2.5 KiB pieces that the
         // hardware prefetcher does not follow: a plain read of that pattern runs at 9-10 GB/s
         // on one core here, of four long runs at 16-17. Every element is computed by the same
         // kernel as in the blocked loop below, so no result changes.
         let pf_near = 512;
-        let quarter = rows.len() / 4;
-        for (a_off, d_off, col0) in batches() {
+        for ((a_off, d_off, col0), rows) in chunks() {
+            let quarter = rows.len() / 4;
             // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows, ..] of
-            // this batch is written by this thread only; the quantized columns were
-            // finished before the barrier.
+            // this batch is written by the thread that took the chunk only; the quantized
+            // columns were finished before the barrier.
             unsafe {
                 let row = |r: usize| {
                     std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
@@ -383,14 +406,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     if n == 1
         && matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && super::qdot::self_prefetching(a.dtype)
-        && !rows.is_empty()
     {
-        // Mat-vec of the one-row kernels that prefetch their own weights: all of this thread's
+        // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
         // rows in one call (one dispatch instead of one per row; same results).
-        for (a_off, d_off, col0) in batches() {
-            // SAFETY: rows `rows` of this batch lie in a's validated span, the last one
-            // `row_bytes` long; dst[rows] of this batch (f32, contiguous) is written by this
-            // thread only; the quantized column was finished before the barrier.
+        for ((a_off, d_off, col0), rows) in chunks() {
+            // SAFETY: rows `rows` (not empty) of this batch lie in a's validated span, the
+            // last one `row_bytes` long; dst[rows] of this batch (f32, contiguous) is written
+            // by the thread that took the chunk only; the quantized column was finished
+            // before the barrier.
             unsafe {
                 let w = std::slice::from_raw_parts(
                     ctx.src[0].add(a_off + rows.start * a.nb[1]),
@@ -406,6 +429,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         return Ok(());
     }
+    let rows = ctx.share(m);
     // block sizes: about 64 KiB of weight rows (a multiple of 4) against about 128 KiB of
     // quantized columns (a multiple of 3)
     let rb = ((64 << 10) / row_bytes.max(1) / 4 * 4).max(4);
