@@ -9,13 +9,14 @@ use tessera_cpu::ops::qdot_tiles::{supported, vec_dot_1x4};
 use tessera_cpu::Isa;
 
 /// The types with a real four-column kernel.
-const TYPES: [DType; 6] = [
+const TYPES: [DType; 7] = [
     DType::Q2K,
     DType::Q3K,
     DType::Q4K,
     DType::Q5K,
     DType::Q6K,
     DType::IQ4XS,
+    DType::TQ1_0,
 ];
 
 const KS: [usize; 3] = [256, 512, 4096];
@@ -84,6 +85,7 @@ fn f16_fields(t: DType) -> &'static [usize] {
         DType::Q3K => &[108],
         DType::Q6K => &[208],
         DType::IQ4XS => &[0],
+        DType::TQ1_0 => &[52],
         _ => unreachable!(),
     }
 }

@@ -436,9 +436,12 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let cb = ((128 << 10) / l.qrow.max(1) / 3 * 3).max(3);
     // the one-row integer kernels of `qdot`, columns outer over sub-blocks of about 16 KiB of
     // rows (the types with kernels that share work between rows or columns keep rows outer)
+    // (and tq1_0, whose four-column tiles share only the weights' digits: four columns at a
+    // time against the rows)
     let column_major = has_int_kernel(a.dtype)
         && super::qdot::supported(a.dtype)
-        && !super::qdot_tiles::supported(a.dtype);
+        && (!super::qdot_tiles::supported(a.dtype) || a.dtype == DType::TQ1_0);
+    let tiles4 = super::qdot_tiles::supported(a.dtype);
     let sub = ((16 << 10) / row_bytes.max(1)).max(1);
     let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && super::qdot::self_prefetching(a.dtype);
@@ -475,16 +478,40 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                                 ctx.src[0].add(a_off + s0 * a.nb[1]),
                                 (s1 - s0 - 1) * a.nb[1] + row_bytes,
                             );
-                            for j in c0..c1 {
-                                let q = std::slice::from_raw_parts(
+                            let qcol = |j: usize| {
+                                std::slice::from_raw_parts(
                                     ctx.wdata.add((col0 + j) * l.qrow),
                                     l.qrow,
-                                );
+                                )
+                            };
+                            let mut j = c0;
+                            while tiles4 && j + 4 <= c1 {
+                                let x = [qcol(j), qcol(j + 1), qcol(j + 2), qcol(j + 3)];
+                                for r in s0..s1 {
+                                    let wr = &w[(r - s0) * a.nb[1]..][..row_bytes];
+                                    let v =
+                                        super::qdot_tiles::vec_dot_1x4(ctx.isa, a.dtype, wr, x, k);
+                                    for (c, &y) in v.iter().enumerate() {
+                                        *(ctx.dst.add(d_off + (j + c) * d.nb[1] + r * 4)
+                                            as *mut f32) = y;
+                                    }
+                                }
+                                j += 4;
+                            }
+                            for j in j..c1 {
                                 let out = std::slice::from_raw_parts_mut(
                                     (ctx.dst.add(d_off + j * d.nb[1]) as *mut f32).add(s0),
                                     s1 - s0,
                                 );
-                                super::qdot::vec_dot_rows(ctx.isa, a.dtype, w, a.nb[1], q, k, out);
+                                super::qdot::vec_dot_rows(
+                                    ctx.isa,
+                                    a.dtype,
+                                    w,
+                                    a.nb[1],
+                                    qcol(j),
+                                    k,
+                                    out,
+                                );
                             }
                         }
                         s0 = s1;

@@ -1018,7 +1018,7 @@ pub(crate) mod avx2 {
     /// Pairwise sums of 16 i16 lanes into 8 i32 lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_sums(p: __m256i) -> __m256i {
+    pub(crate) unsafe fn pair_sums(p: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe { _mm256_madd_epi16(p, _mm256_set1_epi16(1)) }
     }
@@ -1622,7 +1622,7 @@ pub(crate) mod avx2 {
     /// bits of about 3·q/2 (ggml's halving-add trick), 0..2 per byte.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn top_trit(q: __m256i) -> __m256i {
+    pub(crate) unsafe fn top_trit(q: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe {
             let q = avg_twice(_mm256_subs_epu8(q, _mm256_set1_epi8(1)));
@@ -1633,7 +1633,7 @@ pub(crate) mod avx2 {
     /// 9·q per byte, mod 256 (8·q as a 16-bit shift with the bits that cross bytes cleared).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn times9(q: __m256i) -> __m256i {
+    pub(crate) unsafe fn times9(q: __m256i) -> __m256i {
         // SAFETY: register arithmetic only.
         unsafe {
             let q8 = _mm256_and_si256(_mm256_slli_epi16::<3>(q), _mm256_set1_epi8(-8));
@@ -1654,7 +1654,7 @@ pub(crate) mod avx2 {
     /// 240..256.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tq1_0_tail(wb: *const u8) -> [__m256i; 3] {
+    pub(crate) unsafe fn tq1_0_tail(wb: *const u8) -> [__m256i; 3] {
         // SAFETY: a whole block at wb (caller).
         unsafe {
             let r0 = load128(wb.add(32));

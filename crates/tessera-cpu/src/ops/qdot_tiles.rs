@@ -1,7 +1,7 @@
 //! One weight row against four activation columns at once for the k-quants (q2_K, q3_K, q4_K,
-//! q5_K, q6_K) and iq4_xs: the weight-side integer work of a block (unpacking the nibbles and high bits,
-//! looking up codebook values, decoding and shuffling the scales) is done once and shared by the
-//! four columns.
+//! q5_K, q6_K), iq4_xs and tq1_0: the weight-side integer work of a block (unpacking the nibbles
+//! and high bits, looking up codebook values, decoding and shuffling the scales, tq1_0's base-3
+//! digits) is done once and shared by the four columns.
 //!
 //! Each of the four results equals `qdot::vec_dot` for that column alone bit for bit: the
 //! integer partial sums of a column land in the same 32-bit lanes as in the one-column AVX2
@@ -22,7 +22,13 @@ const Q8_K_SIZE: usize = 4 + QK_K + 2 * (QK_K / 16);
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS
+        DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+            | DType::IQ4XS
+            | DType::TQ1_0
     )
 }
 
@@ -79,8 +85,8 @@ mod avx2 {
 
     // the helpers and tables the one-column kernels use, shared
     use crate::ops::qdot::avx2::{
-        both_halves, f16, f32_le, hsum, iq4_values, load128, load256, q6k_codes, SHUF_K4, SHUF_Q3K,
-        SHUF_Q6K,
+        both_halves, f16, f32_le, hsum, iq4_values, load128, load256, pair_sums, q6k_codes, times9,
+        top_trit, tq1_0_tail, SHUF_K4, SHUF_Q3K, SHUF_Q6K,
     };
     use crate::ops::qdot::q3k_scales;
 
@@ -131,8 +137,55 @@ mod avx2 {
                 tessera::DType::Q5K => q5_k(w, x, nb),
                 tessera::DType::Q6K => q6_k(w, x, nb),
                 tessera::DType::IQ4XS => iq4_xs(w, x, nb),
+                tessera::DType::TQ1_0 => tq1_0(w, x, nb),
                 _ => unreachable!("checked by supported"),
             }
+        }
+    }
+
+    /// tq1_0: a block's 256 base-3 digits (eight registers of 32, `qdot`'s groups) found once,
+    /// then each column's products summed into the same eight i32 lanes as the one-column
+    /// kernel's (16-bit sums, the activations' sums taken off, lanes added in pairs: exact, so
+    /// any grouping gives the same integers) and scaled by the same float steps.
+    #[inline(always)]
+    unsafe fn tq1_0(w: *const u8, x: [*const u8; 4], nb: usize) -> [f32; 4] {
+        // SAFETY: nb blocks behind w and every x[c] (caller).
+        unsafe {
+            let mut sumf = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                let wb = w.add(i * 54);
+                let q0 = load256(wb);
+                let q1 = _mm256_add_epi8(q0, _mm256_add_epi8(q0, q0));
+                let q2 = times9(q0);
+                let q3 = times9(q1);
+                let q4 = times9(q2);
+                let [r01, r23, r45] = tq1_0_tail(wb);
+                let mut v = [q0, q1, q2, q3, q4, r01, r23, r45];
+                for q in v.iter_mut() {
+                    *q = top_trit(*q);
+                }
+                let dw = f16(wb.add(52));
+                for (c, acc) in sumf.iter_mut().enumerate() {
+                    let xb = x[c].add(i * Q8_K_SIZE);
+                    let q8 = xb.add(4);
+                    let mut p = [_mm256_setzero_si256(); 8];
+                    for (g, pg) in p.iter_mut().enumerate() {
+                        *pg = _mm256_maddubs_epi16(v[g], load256(q8.add(32 * g)));
+                    }
+                    let s0 = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), p[5]);
+                    let s1 = _mm256_add_epi16(_mm256_add_epi16(p[2], p[3]), p[6]);
+                    let s2 = _mm256_add_epi16(p[4], p[7]);
+                    let s = _mm256_sub_epi16(s0, load256(xb.add(4 + QK_K)));
+                    let s = _mm256_add_epi16(s, _mm256_add_epi16(s1, s2));
+                    let d = _mm256_set1_ps(f32_le(xb) * dw);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_sums(s)), d, *acc);
+                }
+            }
+            let mut out = [0f32; 4];
+            for (o, a) in out.iter_mut().zip(sumf) {
+                *o = hsum(a);
+            }
+            out
         }
     }
 
