@@ -333,27 +333,27 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             bi * b.ne[1],
         )
     };
-    let batches = || (0..b.ne[2] * b.ne[3]).map(batch_at);
     let row_bytes = a.dtype.row_size(k).expect("validated");
-    // Mat-vec rows go out in chunks from the shared counter (two per thread, whole groups of
-    // four rows), not as fixed halves: a thread the host slows then computes fewer chunks
-    // instead of holding up the node, as in ggml's chunked mul_mat. (Four per thread cost
-    // SmolLM2's tg128 a few percent: shorter runs for the four-row streams.) Which thread
-    // computes a row does not change it.
-    let chunk = if ctx.nth == 1 {
-        m.max(1)
-    } else {
-        m.div_ceil(2 * ctx.nth).next_multiple_of(4).max(4)
-    };
-    let per_batch = m.div_ceil(chunk);
-    let chunks = || {
-        std::iter::from_fn(|| {
+    // Rows go out in chunks from the shared counter, not as fixed halves: a thread the host
+    // slows then computes fewer chunks instead of holding up the node, as in ggml's chunked
+    // mul_mat. Mat-vec chunks are two per thread (whole groups of four rows; four per thread
+    // cost SmolLM2's tg128 a few percent: shorter runs for the four-row streams), mat-mat
+    // chunks are the cache blocks' row blocks. Which thread computes a row does not change it.
+    let chunks = |chunk: usize| {
+        let per_batch = m.div_ceil(chunk);
+        let total = per_batch * b.ne[2] * b.ne[3];
+        std::iter::from_fn(move || {
             let c = taken.fetch_add(1, Ordering::Relaxed);
-            (c < per_batch * b.ne[2] * b.ne[3]).then(|| {
+            (c < total).then(|| {
                 let (bi, ci) = (c / per_batch, c % per_batch);
                 (batch_at(bi), ci * chunk..((ci + 1) * chunk).min(m))
             })
         })
+    };
+    let chunk = if ctx.nth == 1 {
+        m.max(1)
+    } else {
+        m.div_ceil(2 * ctx.nth).next_multiple_of(4).max(4)
     };
     // prefetch distance for the four-row kernels: the next group of rows, and at least 4 KiB
     // (a single core streams from memory only with enough misses in flight: measured on tg128)
@@ -368,7 +368,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         // on one core here, of four long runs at 16-17. Every element is computed by the same
         // kernel as in the blocked loop below, so no result changes.
         let pf_near = 512;
-        for ((a_off, d_off, col0), rows) in chunks() {
+        for ((a_off, d_off, col0), rows) in chunks(chunk) {
             let quarter = rows.len() / 4;
             // SAFETY: rows `rows` of this batch lie in a's validated span; dst[rows, ..] of
             // this batch is written by the thread that took the chunk only; the quantized
@@ -409,7 +409,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
         // rows in one call (one dispatch instead of one per row; same results).
-        for ((a_off, d_off, col0), rows) in chunks() {
+        for ((a_off, d_off, col0), rows) in chunks(chunk) {
             // SAFETY: rows `rows` (not empty) of this batch lie in a's validated span, the
             // last one `row_bytes` long; dst[rows] of this batch (f32, contiguous) is written
             // by the thread that took the chunk only; the quantized column was finished
@@ -429,9 +429,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         return Ok(());
     }
-    let rows = ctx.share(m);
     // block sizes: about 64 KiB of weight rows (a multiple of 4) against about 128 KiB of
-    // quantized columns (a multiple of 3)
+    // quantized columns (a multiple of 3); the row blocks go out from the counter
     let rb = ((64 << 10) / row_bytes.max(1) / 4 * 4).max(4);
     let cb = ((128 << 10) / l.qrow.max(1) / 3 * 3).max(3);
     // the one-row integer kernels of `qdot`, columns outer over sub-blocks of about 16 KiB of
@@ -445,177 +444,158 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let sub = ((16 << 10) / row_bytes.max(1)).max(1);
     let own_prefetch = matches!(ctx.isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && super::qdot::self_prefetching(a.dtype);
-    for (a_off, d_off, col0) in batches() {
-        // cache blocking: a block of this thread's rows (weights kept in L2) against a
-        // block of columns (quantized activations kept in L2); each result is still
-        // computed by the same kernel, so the blocking does not change it
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let r1 = (r0 + rb).min(rows.end);
-            let mut c0 = 0;
-            while c0 < n {
-                let c1 = (c0 + cb).min(n);
-                if column_major {
-                    // One column against a few rows at a time, all in L1: these kernels
-                    // share nothing between columns, and an activation row (q8_K: 292 bytes
-                    // a superblock) outweighs a weight row (tq2_0: 66), so the column stays
-                    // put while the rows go by, as ggml's 16×16 blocks do. Each result is
-                    // still `vec_dot` of its row and column.
-                    let mut s0 = r0;
-                    while s0 < r1 {
-                        let s1 = (s0 + sub).min(r1);
-                        // SAFETY: rows s0..s1 of a lie in its validated span; dst[s0..s1, ..]
-                        // of this batch (f32, contiguous along rows) is written by this
-                        // thread only; the quantized columns were finished before the
-                        // barrier.
-                        unsafe {
-                            if c0 == 0 && !own_prefetch {
-                                for r in s0 + ahead..(s1 + ahead).min(rows.end) {
-                                    prefetch_row(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes);
-                                }
-                            }
-                            let w = std::slice::from_raw_parts(
-                                ctx.src[0].add(a_off + s0 * a.nb[1]),
-                                (s1 - s0 - 1) * a.nb[1] + row_bytes,
-                            );
-                            let qcol = |j: usize| {
-                                std::slice::from_raw_parts(
-                                    ctx.wdata.add((col0 + j) * l.qrow),
-                                    l.qrow,
-                                )
-                            };
-                            let mut j = c0;
-                            while tiles4 && j + 4 <= c1 {
-                                let x = [qcol(j), qcol(j + 1), qcol(j + 2), qcol(j + 3)];
-                                for r in s0..s1 {
-                                    let wr = &w[(r - s0) * a.nb[1]..][..row_bytes];
-                                    let v =
-                                        super::qdot_tiles::vec_dot_1x4(ctx.isa, a.dtype, wr, x, k);
-                                    for (c, &y) in v.iter().enumerate() {
-                                        *(ctx.dst.add(d_off + (j + c) * d.nb[1] + r * 4)
-                                            as *mut f32) = y;
-                                    }
-                                }
-                                j += 4;
-                            }
-                            for j in j..c1 {
-                                let out = std::slice::from_raw_parts_mut(
-                                    (ctx.dst.add(d_off + j * d.nb[1]) as *mut f32).add(s0),
-                                    s1 - s0,
-                                );
-                                super::qdot::vec_dot_rows(
-                                    ctx.isa,
-                                    a.dtype,
-                                    w,
-                                    a.nb[1],
-                                    qcol(j),
-                                    k,
-                                    out,
-                                );
-                            }
-                        }
-                        s0 = s1;
-                    }
-                    c0 = c1;
-                    continue;
-                }
-                let mut im = r0;
-                while im < r1 {
-                    // four rows at a time share each activation load and the scale conversions (the
-                    // integer kernels compute every row exactly as the one-row kernel does, so the
-                    // split does not matter)
-                    let group = if local_kernel(a.dtype) && im + 4 <= r1 {
-                        4
-                    } else {
-                        1
-                    };
-                    // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
-                    // batch is written by this thread only; the quantized columns were finished
-                    // before the barrier.
+    for ((a_off, d_off, col0), rows) in chunks(rb) {
+        // cache blocking: a block of rows (weights kept in L2) against a block of columns
+        // (quantized activations kept in L2); each result is still computed by the same
+        // kernel, so the blocking does not change it
+        let (r0, r1) = (rows.start, rows.end);
+        let mut c0 = 0;
+        while c0 < n {
+            let c1 = (c0 + cb).min(n);
+            if column_major {
+                // One column against a few rows at a time, all in L1: these kernels
+                // share nothing between columns, and an activation row (q8_K: 292 bytes
+                // a superblock) outweighs a weight row (tq2_0: 66), so the column stays
+                // put while the rows go by, as ggml's 16×16 blocks do. Each result is
+                // still `vec_dot` of its row and column.
+                let mut s0 = r0;
+                while s0 < r1 {
+                    let s1 = (s0 + sub).min(r1);
+                    // SAFETY: rows s0..s1 of a lie in its validated span; dst[s0..s1, ..]
+                    // of this batch (f32, contiguous along rows) is written by this
+                    // thread only; the quantized columns were finished before the
+                    // barrier.
                     unsafe {
-                        let row = |r: usize| {
-                            std::slice::from_raw_parts(
-                                ctx.src[0].add(a_off + r * a.nb[1]),
-                                row_bytes,
-                            )
-                        };
-                        if group == 4 {
-                            let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
-                            let qcol = |j: usize| {
-                                std::slice::from_raw_parts(
-                                    ctx.wdata.add((col0 + j) * l.qrow),
-                                    l.qrow,
-                                )
-                            };
-                            // three (then two) columns at a time share each unpacked weight block (each
-                            // result computed exactly as the one-row, one-column kernel does)
-                            four_row_tiles(ctx.isa, a.dtype, ws, c0..c1, qcol, k, pf, |j, i, y| {
-                                *(ctx.dst.add(d_off + j * d.nb[1] + (im + i) * 4) as *mut f32) = y
-                            });
-                        } else {
-                            let arow = row(im);
-                            // the row `ahead` rows on, a few KiB away, into the cache while this one
-                            // is computed (a single core streams from memory only with enough misses
-                            // in flight; the one-row kernels have no prefetch of their own)
-                            if c0 == 0 && im + ahead < rows.end && !own_prefetch {
-                                prefetch_row(
-                                    ctx.src[0].add(a_off + (im + ahead) * a.nb[1]),
-                                    row_bytes,
-                                );
-                            }
-                            if !has_int_kernel(a.dtype) {
-                                tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
-                                    .map_err(|e| ctx.err(e.to_string()))?;
-                            }
-                            let mut j0 = c0;
-                            // four columns at a time share the weight row's unpacking
-                            // (each result bit-identical to the one-column kernel's)
-                            if super::qdot_tiles::supported(a.dtype) {
-                                let qcol = |j: usize| {
-                                    std::slice::from_raw_parts(
-                                        ctx.wdata.add((col0 + j) * l.qrow),
-                                        l.qrow,
-                                    )
-                                };
-                                while j0 + 4 <= c1 {
-                                    let v = super::qdot_tiles::vec_dot_1x4(
-                                        ctx.isa,
-                                        a.dtype,
-                                        arow,
-                                        [qcol(j0), qcol(j0 + 1), qcol(j0 + 2), qcol(j0 + 3)],
-                                        k,
-                                    );
-                                    for (c, &x) in v.iter().enumerate() {
-                                        *(ctx.dst.add(d_off + (j0 + c) * d.nb[1] + im * 4)
-                                            as *mut f32) = x;
-                                    }
-                                    j0 += 4;
-                                }
-                            }
-                            for j in j0..c1 {
-                                let col = col0 + j;
-                                let v = if has_int_kernel(a.dtype) {
-                                    let q = std::slice::from_raw_parts(
-                                        ctx.wdata.add(col * l.qrow),
-                                        l.qrow,
-                                    );
-                                    vec_dot(ctx.isa, a.dtype, arow, q, k)
-                                } else {
-                                    let act = std::slice::from_raw_parts(
-                                        (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
-                                        k,
-                                    );
-                                    dot_f32(ctx.isa, tmp, act)
-                                };
-                                *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                        if c0 == 0 && !own_prefetch {
+                            for r in s0 + ahead..(s1 + ahead).min(r1) {
+                                prefetch_row(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes);
                             }
                         }
+                        let w = std::slice::from_raw_parts(
+                            ctx.src[0].add(a_off + s0 * a.nb[1]),
+                            (s1 - s0 - 1) * a.nb[1] + row_bytes,
+                        );
+                        let qcol = |j: usize| {
+                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                        };
+                        let mut j = c0;
+                        while tiles4 && j + 4 <= c1 {
+                            let x = [qcol(j), qcol(j + 1), qcol(j + 2), qcol(j + 3)];
+                            for r in s0..s1 {
+                                let wr = &w[(r - s0) * a.nb[1]..][..row_bytes];
+                                let v = super::qdot_tiles::vec_dot_1x4(ctx.isa, a.dtype, wr, x, k);
+                                for (c, &y) in v.iter().enumerate() {
+                                    *(ctx.dst.add(d_off + (j + c) * d.nb[1] + r * 4) as *mut f32) =
+                                        y;
+                                }
+                            }
+                            j += 4;
+                        }
+                        for j in j..c1 {
+                            let out = std::slice::from_raw_parts_mut(
+                                (ctx.dst.add(d_off + j * d.nb[1]) as *mut f32).add(s0),
+                                s1 - s0,
+                            );
+                            super::qdot::vec_dot_rows(
+                                ctx.isa,
+                                a.dtype,
+                                w,
+                                a.nb[1],
+                                qcol(j),
+                                k,
+                                out,
+                            );
+                        }
                     }
-                    im += group;
+                    s0 = s1;
                 }
                 c0 = c1;
+                continue;
             }
-            r0 = r1;
+            let mut im = r0;
+            while im < r1 {
+                // four rows at a time share each activation load and the scale conversions (the
+                // integer kernels compute every row exactly as the one-row kernel does, so the
+                // split does not matter)
+                let group = if local_kernel(a.dtype) && im + 4 <= r1 {
+                    4
+                } else {
+                    1
+                };
+                // SAFETY: rows im..im+group of a lie in its validated span; dst[im.., ..] of this
+                // batch is written by this thread only; the quantized columns were finished
+                // before the barrier.
+                unsafe {
+                    let row = |r: usize| {
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                    };
+                    if group == 4 {
+                        let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
+                        let qcol = |j: usize| {
+                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                        };
+                        // three (then two) columns at a time share each unpacked weight block (each
+                        // result computed exactly as the one-row, one-column kernel does)
+                        four_row_tiles(ctx.isa, a.dtype, ws, c0..c1, qcol, k, pf, |j, i, y| {
+                            *(ctx.dst.add(d_off + j * d.nb[1] + (im + i) * 4) as *mut f32) = y
+                        });
+                    } else {
+                        let arow = row(im);
+                        // the row `ahead` rows on, a few KiB away, into the cache while this one
+                        // is computed (a single core streams from memory only with enough misses
+                        // in flight; the one-row kernels have no prefetch of their own)
+                        if c0 == 0 && im + ahead < r1 && !own_prefetch {
+                            prefetch_row(ctx.src[0].add(a_off + (im + ahead) * a.nb[1]), row_bytes);
+                        }
+                        if !has_int_kernel(a.dtype) {
+                            tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
+                                .map_err(|e| ctx.err(e.to_string()))?;
+                        }
+                        let mut j0 = c0;
+                        // four columns at a time share the weight row's unpacking
+                        // (each result bit-identical to the one-column kernel's)
+                        if super::qdot_tiles::supported(a.dtype) {
+                            let qcol = |j: usize| {
+                                std::slice::from_raw_parts(
+                                    ctx.wdata.add((col0 + j) * l.qrow),
+                                    l.qrow,
+                                )
+                            };
+                            while j0 + 4 <= c1 {
+                                let v = super::qdot_tiles::vec_dot_1x4(
+                                    ctx.isa,
+                                    a.dtype,
+                                    arow,
+                                    [qcol(j0), qcol(j0 + 1), qcol(j0 + 2), qcol(j0 + 3)],
+                                    k,
+                                );
+                                for (c, &x) in v.iter().enumerate() {
+                                    *(ctx.dst.add(d_off + (j0 + c) * d.nb[1] + im * 4)
+                                        as *mut f32) = x;
+                                }
+                                j0 += 4;
+                            }
+                        }
+                        for j in j0..c1 {
+                            let col = col0 + j;
+                            let v = if has_int_kernel(a.dtype) {
+                                let q =
+                                    std::slice::from_raw_parts(ctx.wdata.add(col * l.qrow), l.qrow);
+                                vec_dot(ctx.isa, a.dtype, arow, q, k)
+                            } else {
+                                let act = std::slice::from_raw_parts(
+                                    (ctx.wdata.add(l.deq_off) as *const f32).add(col * k),
+                                    k,
+                                );
+                                dot_f32(ctx.isa, tmp, act)
+                            };
+                            *(ctx.dst.add(d_off + j * d.nb[1] + im * 4) as *mut f32) = v;
+                        }
+                    }
+                }
+                im += group;
+            }
+            c0 = c1;
         }
     }
     Ok(())
