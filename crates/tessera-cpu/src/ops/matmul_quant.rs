@@ -121,7 +121,7 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         (cols * k * 4).next_multiple_of(64)
     };
     let per_thread = if tiled {
-        (k * 4).max(qgemm_k::scratch_size())
+        (k * 4).max(qgemm_k::scratch_size(k))
     } else if group0 {
         (k * 4).max(qgemm_0::scratch_size())
     } else {

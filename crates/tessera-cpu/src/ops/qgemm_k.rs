@@ -100,9 +100,10 @@ pub fn applies(t: DType, cols_per_batch: usize) -> bool {
 const RB: usize = 32;
 const GC: usize = 64;
 
-/// Bytes of per-thread scratch the driver needs.
-pub fn scratch_size() -> usize {
-    RB * std::mem::size_of::<WBlock>() + RB * GC * GROUP * 4 + 64
+/// Bytes of per-thread scratch the driver needs for rows of `k` elements: the unpacked blocks
+/// of `RB` whole rows and the accumulators of `RB` rows × `GC` groups.
+pub fn scratch_size(k: usize) -> usize {
+    RB * (k / QK_K).max(1) * std::mem::size_of::<WBlock>() + RB * GC * GROUP * 4 + 64
 }
 
 /// One weight block unpacked: a code per element (unsigned; iq4_xs: the signed codebook value's
@@ -786,12 +787,13 @@ pub unsafe fn run(
     let bsz = t.type_size();
     let pb = packed_bytes(t);
     let al = scratch.align_offset(32);
-    // SAFETY: the scratch holds RB WBlocks after aligning to 32 and then RB·GC·8 f32 (caller).
+    // SAFETY: the scratch holds RB·nb WBlocks after aligning to 32 and then RB·GC·8 f32
+    // (`scratch_size(k)`, caller).
     let (wbs, accs) = unsafe {
         let w = scratch.add(al) as *mut WBlock;
-        let acc = scratch.add(al + RB * std::mem::size_of::<WBlock>()) as *mut f32;
+        let acc = scratch.add(al + RB * nb * std::mem::size_of::<WBlock>()) as *mut f32;
         (
-            std::slice::from_raw_parts_mut(w, RB),
+            std::slice::from_raw_parts_mut(w, RB * nb),
             std::slice::from_raw_parts_mut(acc, RB * GC * GROUP),
         )
     };
@@ -829,23 +831,29 @@ pub unsafe fn run(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let gc = GC;
-    let mut g0 = 0;
-    while g0 < b.groups {
-        let gn = gc.min(b.groups - g0);
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let rn = RB.min(rows.end - r0);
+    // Every block of a window of RB rows is unpacked once, then multiplied against the column
+    // windows one after another: the grid types' unpacking (table lookups and signs) costs as
+    // much as a window's products, and K = 4096 makes three windows on AVX-512.
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let rn = RB.min(rows.end - r0);
+        for blk in 0..nb {
+            for (r, wb) in wbs[blk * RB..blk * RB + rn].iter_mut().enumerate() {
+                // SAFETY: row r0 + r is in `rows`; block blk lies inside its k elements.
+                let w = unsafe {
+                    std::slice::from_raw_parts(b.a.add((r0 + r) * b.a_nb1 + blk * bsz), bsz)
+                };
+                unpack(t, w, wb);
+            }
+        }
+        let mut g0 = 0;
+        while g0 < b.groups {
+            let gn = gc.min(b.groups - g0);
             for acc in accs[..rn * stride].iter_mut() {
                 *acc = 0.0;
             }
             for blk in 0..nb {
-                for (r, wb) in wbs[..rn].iter_mut().enumerate() {
-                    // SAFETY: row r0 + r is in `rows`; block blk lies inside its k elements.
-                    let w = unsafe {
-                        std::slice::from_raw_parts(b.a.add((r0 + r) * b.a_nb1 + blk * bsz), bsz)
-                    };
-                    unpack(t, w, wb);
-                }
+                let wbs = &wbs[blk * RB..blk * RB + rn];
                 let mut g = 0;
                 while g < gn {
                     // SAFETY: group g0 + g < groups, block blk < nb (caller's packed layout).
@@ -858,28 +866,28 @@ pub unsafe fn run(
                         // g·8 .. g·8 + 16 lie in each row.
                         unsafe {
                             let pp = b.packed.add(((g0 + g) / 2 * nb + blk) * PAIR_BYTES);
-                            avx512::block2(t, &wbs[..rn], pp, acc, stride);
+                            avx512::block2(t, wbs, pp, acc, stride);
                         }
                         g += 2;
                         continue;
                     }
                     if simd {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: AVX2/FMA present (checked), VNNI where its kernel runs; pk is
-                        // one packed block; the accumulator rows are inside `accs`.
+                        // SAFETY: AVX2/FMA present (checked), VNNI where its kernel runs; pk
+                        // is one packed block; the accumulator rows are inside `accs`.
                         unsafe {
                             if vnni {
-                                avx2::block_vnni(t, &wbs[..rn], pk, acc, stride)
+                                avx2::block_vnni(t, wbs, pk, acc, stride)
                             } else if avx_vnni {
-                                avx2::block_avxvnni(t, &wbs[..rn], pk, acc, stride)
+                                avx2::block_avxvnni(t, wbs, pk, acc, stride)
                             } else {
-                                avx2::block(t, &wbs[..rn], pk, acc, stride)
+                                avx2::block(t, wbs, pk, acc, stride)
                             }
                         };
                     } else {
                         // SAFETY: pk points at one packed block (caller).
                         let p = unsafe { std::slice::from_raw_parts(pk, pb) };
-                        scalar_block(t, &wbs[..rn], p, acc, stride);
+                        scalar_block(t, wbs, p, acc, stride);
                     }
                     g += 1;
                 }
@@ -895,9 +903,9 @@ pub unsafe fn run(
                     }
                 }
             }
-            r0 += rn;
+            g0 += gn;
         }
-        g0 += gn;
+        r0 += rn;
     }
 }
 
