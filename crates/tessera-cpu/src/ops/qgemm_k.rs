@@ -188,6 +188,31 @@ pub(crate) fn unpack(t: DType, w: &[u8], o: &mut WBlock) {
     }
 }
 
+/// For each sign byte, the eight byte masks of its bits (0xFF where a bit is set).
+static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if s & (1 << j) != 0 {
+                t[s] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// The eight bytes of `g`, those whose bit is set in `signs` negated (two's complement), as
+/// one 64-bit operation: x ^ 0xFF + 1 per byte. No byte of the sign-carrying grids is 0 (their
+/// values are 1..62; tested), so no negation carries into the next byte.
+fn signed_bytes(g: u64, signs: u8) -> u64 {
+    let m = SIGN_MASKS[signs as usize];
+    (g ^ m).wrapping_add(m & 0x0101_0101_0101_0101)
+}
+
 /// The grid types: scales, f32 scale and signed values (ggml's tiled decomposition: the
 /// constant factors 0.125 or 0.25 go into `d`, the odd integer scales into `sc`, iq1's ±1/8
 /// delta becomes value 8·grid ± 1).
@@ -195,12 +220,9 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
     use tessera_quants::iq_grids::*;
     let u16_at = |at: usize| u16::from_le_bytes([w[at], w[at + 1]]);
     let u32_at = |at: usize| u32::from_le_bytes([w[at], w[at + 1], w[at + 2], w[at + 3]]);
-    let sgn = |signs: u8, j: usize, v: u8| -> u8 {
-        if signs & (1 << j) != 0 {
-            (v as i8).wrapping_neg() as u8
-        } else {
-            v
-        }
+    // eight grid bytes at once, those whose sign bit is set negated (`signed_bytes`)
+    let put = |q: &mut [u8; QK_K], at: usize, g: u64, signs: u8| {
+        q[at..at + 8].copy_from_slice(&signed_bytes(g, signs).to_le_bytes());
     };
     o.dmin = 0.0;
     match t {
@@ -210,11 +232,9 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
                 let (a0, a1) = (u32_at(2 + 8 * ib), u32_at(6 + 8 * ib));
                 o.sc[ib] = (2 * (a1 >> 28) + 1) as i16;
                 for l in 0..4 {
-                    let g = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize].to_le_bytes();
+                    let g = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize];
                     let signs = KSIGNS_IQ2XS[((a1 >> (7 * l)) & 127) as usize];
-                    for j in 0..8 {
-                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g[j]);
-                    }
+                    put(&mut o.q, 32 * ib + 8 * l, g, signs);
                 }
             }
         }
@@ -226,11 +246,9 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
                 o.sc[2 * ib + 1] = (2 * (sc >> 4) + 1) as i16;
                 for l in 0..4 {
                     let q = u16_at(2 + 2 * (4 * ib + l));
-                    let g = IQ2XS_GRID[(q & 511) as usize].to_le_bytes();
+                    let g = IQ2XS_GRID[(q & 511) as usize];
                     let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
-                    for j in 0..8 {
-                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g[j]);
-                    }
+                    put(&mut o.q, 32 * ib + 8 * l, g, signs);
                 }
             }
         }
@@ -243,10 +261,7 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
                 for l in 0..4 {
                     let idx =
                         qs[4 * ib + l] as usize | (((qh[ib] as usize) << (8 - 2 * l)) & 0x300);
-                    let g = IQ2S_GRID[idx].to_le_bytes();
-                    for j in 0..8 {
-                        o.q[32 * ib + 8 * l + j] = sgn(signs[4 * ib + l], j, g[j]);
-                    }
+                    put(&mut o.q, 32 * ib + 8 * l, IQ2S_GRID[idx], signs[4 * ib + l]);
                 }
             }
         }
@@ -258,12 +273,9 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
                 o.sc[ib] = (2 * (aux >> 28) + 1) as i16;
                 for l in 0..4 {
                     let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                    let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize].to_le_bytes();
-                    let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize].to_le_bytes();
-                    for j in 0..4 {
-                        o.q[32 * ib + 8 * l + j] = sgn(signs, j, g1[j]);
-                        o.q[32 * ib + 8 * l + 4 + j] = sgn(signs, j + 4, g2[j]);
-                    }
+                    let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize] as u64;
+                    let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize] as u64;
+                    put(&mut o.q, 32 * ib + 8 * l, g1 | g2 << 32, signs);
                 }
             }
         }
@@ -278,12 +290,8 @@ fn iq_grid_values(t: DType, w: &[u8], o: &mut WBlock) {
                 for l in 0..4 {
                     let i1 = qs[8 * ib + 2 * l] as usize | ((h << (8 - 2 * l)) & 256);
                     let i2 = qs[8 * ib + 2 * l + 1] as usize | ((h << (7 - 2 * l)) & 256);
-                    let (g1, g2) = (IQ3S_GRID[i1].to_le_bytes(), IQ3S_GRID[i2].to_le_bytes());
-                    let sg = signs[4 * ib + l];
-                    for j in 0..4 {
-                        o.q[32 * ib + 8 * l + j] = sgn(sg, j, g1[j]);
-                        o.q[32 * ib + 8 * l + 4 + j] = sgn(sg, j + 4, g2[j]);
-                    }
+                    let g = IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32;
+                    put(&mut o.q, 32 * ib + 8 * l, g, signs[4 * ib + l]);
                 }
             }
         }
@@ -1489,6 +1497,46 @@ mod avx512 {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    /// `signed_bytes` negates exactly the flagged bytes of every entry of the grids it is used
+    /// on, for every sign byte (it relies on no grid byte being 0).
+    #[test]
+    fn signed_bytes_negates_the_flagged_bytes_of_every_grid_entry() {
+        use tessera_quants::iq_grids::*;
+        let grids = IQ2XXS_GRID
+            .iter()
+            .chain(&IQ2XS_GRID)
+            .chain(&IQ2S_GRID)
+            .copied()
+            .chain(
+                IQ3XXS_GRID
+                    .iter()
+                    .zip(IQ3XXS_GRID.iter().rev())
+                    .map(|(&a, &b)| a as u64 | (b as u64) << 32),
+            )
+            .chain(
+                IQ3S_GRID
+                    .iter()
+                    .zip(IQ3S_GRID.iter().rev())
+                    .map(|(&a, &b)| a as u64 | (b as u64) << 32),
+            );
+        let mut n = 0;
+        for g in grids {
+            for s in 0..=255u8 {
+                let got = signed_bytes(g, s).to_le_bytes();
+                for (j, (&v, &y)) in g.to_le_bytes().iter().zip(&got).enumerate() {
+                    let want = if s & (1 << j) != 0 {
+                        (v as i8).wrapping_neg() as u8
+                    } else {
+                        v
+                    };
+                    assert_eq!(y, want, "grid {g:#018x} signs {s:#04x} byte {j}");
+                }
+            }
+            n += 1;
+        }
+        assert_eq!(n, 256 + 512 + 1024 + 256 + 512);
+    }
 
     /// The AVX2 sum behind the signed types' correction equals its scalar loop, for sub-blocks
     /// of 16 and of 32, on random and extreme values and scales.
