@@ -89,6 +89,19 @@ fn fill(s: &mut Session, id: TensorId, seed: u32) {
             (x as f32 / u32::MAX as f32) - 0.5
         })
         .collect();
+    let t = s.graph().tensor(id).dtype;
+    if t.is_quantized() && tessera_quants::requires_imatrix(t.id()) {
+        // the i-quants that need an importance matrix get a uniform one (all columns alike)
+        let k = s.graph().tensor(id).ne[0];
+        let row = t.row_size(k).expect("whole blocks (checked by the caller)");
+        let ones = vec![1f32; k];
+        let mut bytes = vec![0u8; row * (n / k)];
+        for (src, dst) in v.chunks(k).zip(bytes.chunks_mut(row)) {
+            tessera_quants::quantize_row(t.id(), src, dst, Some(&ones)).expect("fill: quantize");
+        }
+        s.set_bytes(id, &bytes).expect("fill");
+        return;
+    }
     s.set_f32(id, &v).expect("fill");
 }
 

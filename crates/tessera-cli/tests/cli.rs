@@ -152,8 +152,10 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
     let (code, _, err) = tessera(&["bench-ops", "--only", "quant", "--shapes", "64x"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("'64x' is not K×M"), "{err}");
-    // one cell of a quantized and of a float weight type
-    for t in ["q8_0", "bf16"] {
+    // one cell of a quantized type, of one that needs an importance matrix to be written
+    // (the bench gives it a uniform one) and of a float weight type
+    for (t, k) in [("q8_0", 64), ("iq2_xxs", 256), ("bf16", 64)] {
+        let shape = format!("{k}x8");
         let (code, out, err) = tessera(&[
             "bench-ops",
             "--only",
@@ -161,7 +163,7 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
             "--types",
             t,
             "--shapes",
-            "64x8",
+            &shape,
             "-t",
             "1",
             "-r",
@@ -173,6 +175,9 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
             .filter(|l| l.starts_with(&format!("| {t} ")))
             .collect();
         assert_eq!(rows.len(), 1, "{out}");
-        assert!(rows[0].starts_with(&format!("| {t} | 64×8 | 1 |")), "{out}");
+        assert!(
+            rows[0].starts_with(&format!("| {t} | {k}×8 | 1 |")),
+            "{out}"
+        );
     }
 }
