@@ -67,28 +67,50 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
 
 /// Half of the E8M0 scale, 2^(e−128), as ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
 fn e8m0_half(e: u8) -> f32 {
-    f32::from_bits(if e < 2 {
-        0x0020_0000 << e
-    } else {
-        ((e - 1) as u32) << 23
-    })
+    E8M0_HALF[e as usize]
 }
 
 /// Half of the UE4M3 scale, as ggml's `ggml_ue4m3_to_fp32` (bias 7, three mantissa bits, 0 and
 /// 0x7F give 0, bit 7 is ignored). Every step is exact.
 fn ue4m3_half(x: u8) -> f32 {
-    if x == 0 || x == 0x7F {
-        return 0.0;
-    }
-    let (exp, man) = (((x >> 3) & 15) as i32, (x & 7) as f32);
-    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    let raw = if exp == 0 {
-        man * pow2(-9)
-    } else {
-        (1.0 + man / 8.0) * pow2(exp - 7)
-    };
-    raw * 0.5
+    UE4M3_HALF[x as usize]
 }
+
+/// [`e8m0_half`] of every byte (a load instead of a branch in the kernels' block loop).
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = f32::from_bits(if e < 2 {
+            0x0020_0000 << e
+        } else {
+            ((e - 1) as u32) << 23
+        });
+        e += 1;
+    }
+    t
+};
+
+/// [`ue4m3_half`] of every byte: nvfp4's kernel converts four scales a block, and the
+/// branches and multiplies of the conversion cost as much as the block's products.
+static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let x = i as u8;
+        if x != 0 && x != 0x7F {
+            let (exp, man) = (((x >> 3) & 15) as i32, (x & 7) as f32);
+            let raw = if exp == 0 {
+                man * f32::from_bits(((-9 + 127) as u32) << 23)
+            } else {
+                (1.0 + man / 8.0) * f32::from_bits(((exp - 7 + 127) as u32) << 23)
+            };
+            t[i] = raw * 0.5;
+        }
+        i += 1;
+    }
+    t
+};
 
 /// Σ y[j]·kvalues[lo nibble of q[j]] and Σ y[j + n]·kvalues[hi nibble of q[j]], n = q.len().
 pub(crate) fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
