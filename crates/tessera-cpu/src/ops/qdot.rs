@@ -227,6 +227,21 @@ impl IntSums for ScalarSums {
 /// The signed bytes of an 8-element point of ones (`dot32` with it sums ±q8).
 pub(crate) const ONES8: u64 = 0x0101_0101_0101_0101;
 
+/// f16 → f32 of every bit pattern (exact), as ggml's x86 builds convert block scales
+/// (`ggml_table_f32_f16`): a load and a broadcast from memory, where F16C's conversion of one
+/// scale takes four instructions, two of them on the shuffle port that the small-block kernels'
+/// code lookups also need.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) static F16_TO_F32: [f32; 65536] = {
+    let mut t = [0f32; 65536];
+    let mut i = 0;
+    while i < 65536 {
+        t[i] = half::f16::from_bits(i as u16).to_f32_const();
+        i += 1;
+    }
+    t
+};
+
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
@@ -1897,6 +1912,25 @@ pub(crate) mod avx2 {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod tests {
     use super::*;
+
+    /// The f16 table holds F16C's conversion of every bit pattern (NaN for NaN).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16_table_equals_the_hardware_conversion() {
+        if !avx2::available() {
+            return;
+        }
+        for b in 0..=u16::MAX {
+            // SAFETY: F16C present (checked).
+            let hw = unsafe { avx2::f16_bits(b) };
+            let t = F16_TO_F32[b as usize];
+            if hw.is_nan() {
+                assert!(t.is_nan(), "{b:#06x}");
+            } else {
+                assert_eq!(t.to_bits(), hw.to_bits(), "{b:#06x}");
+            }
+        }
+    }
 
     const TYPES: [DType; 11] = [
         DType::Q5_0,

@@ -216,7 +216,17 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     // the helpers the integer kernels share
-    use crate::ops::qdot::avx2::{f16, hsum, load128, load256};
+    use crate::ops::qdot::avx2::{hsum, load128, load256};
+
+    /// The f16 at `p` through [`crate::ops::qdot::F16_TO_F32`] (a table load the compiler
+    /// folds into the broadcast that follows).
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> f32 {
+        // SAFETY: two readable bytes at p (caller).
+        let bits = unsafe { (p as *const u16).read_unaligned() };
+        // (a u16 always indexes the 65536 entries: no bounds check is emitted)
+        crate::ops::qdot::F16_TO_F32[bits as usize]
+    }
 
     use super::*;
 
