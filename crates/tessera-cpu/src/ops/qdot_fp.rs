@@ -12,7 +12,8 @@
 //!   same horizontal reduction. mxfp4 takes two blocks per step into two accumulators and an odd
 //!   last block the generic way (gcc does not fuse that `sumf += d*sumi`); q2_0 has no x86 code
 //!   and llama.cpp's AVX2 build runs the generic code, which gcc compiles without contraction
-//!   there, so its AVX2 path is the scalar one. (Checked against llama.cpp's `libggml-cpu` in
+//!   there, so its AVX2 path has the scalar one's float steps, with the exact 32-element integer
+//!   sums in vector registers (as gcc vectorizes them). (Checked against llama.cpp's `libggml-cpu` in
 //!   `tests/qdot_fp.rs`.)
 //!
 //! The E2M1 codes go through `kvalues_fp4` (the values doubled, so integers) and the block
@@ -49,13 +50,18 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         x.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
-        && t != DType::Q2_0
-        && avx2::available()
-    {
+    if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
         // weight blocks and the q8_0 blocks they meet (asserted above), all the kernels read.
-        return unsafe { avx2::vec_dot(t, w, x, nb) };
+        return unsafe {
+            if t == DType::Q2_0 {
+                // ggml's generic code (llama.cpp's AVX2 build runs it), its exact integer
+                // sums in vector registers
+                avx2::generic_q2_0(w, x, nb)
+            } else {
+                avx2::vec_dot(t, w, x, nb)
+            }
+        };
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
@@ -231,6 +237,67 @@ mod avx2 {
     use super::*;
 
     pub use crate::ops::qdot::avx2::available;
+
+    /// q2_0 as ggml's generic code computes it (the float steps of `scalar::q2_0`, in order
+    /// and unfused), each 32-element integer sum from [`Avx2Sums`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn generic_q2_0(w: &[u8], x: &[u8], nb: usize) -> f32 {
+        scalar::vec_dot::<Avx2Sums>(DType::Q2_0, w, x, nb)
+    }
+
+    /// [`IntSums`] with AVX2 where it pays (q2_0's sums; the rest element by element).
+    struct Avx2Sums;
+
+    impl IntSums for Avx2Sums {
+        fn dot32(g: [u64; 4], s: [u8; 4], q8: &[u8]) -> [i32; 2] {
+            ScalarSums::dot32(g, s, q8)
+        }
+
+        fn fp4_sums(q: &[u8], y: &[u8]) -> (i32, i32) {
+            ScalarSums::fp4_sums(q, y)
+        }
+
+        #[inline(always)]
+        fn q2_sum(qs: &[u8], y: &[u8]) -> i32 {
+            assert!(qs.len() >= 8 && y.len() >= 32, "q2_sum: a short block");
+            // SAFETY: 8 and 32 readable bytes (asserted); only called from `generic_q2_0`,
+            // compiled for AVX2.
+            unsafe { q2_sum(qs.as_ptr(), y.as_ptr()) }
+        }
+    }
+
+    /// Σ (code e − 1)·y[e] over 32 elements, code e at bit 2(e mod 4) of byte e / 4: the codes
+    /// of bytes 0..4 (then 4..8) spread over the four dwords of the low (high) half, shifted by
+    /// 0, 2, 4, 6 (dword j, byte b: element 4b + j of the half), the activations transposed to
+    /// match, then Σ code·y − Σ y (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q2_sum(qs: *const u8, y: *const u8) -> i32 {
+        // SAFETY: 8 bytes at qs and 32 at y (caller).
+        unsafe {
+            let lo = (qs as *const i32).read_unaligned();
+            let hi = (qs.add(4) as *const i32).read_unaligned();
+            let spread = _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo);
+            let codes = _mm256_and_si256(
+                _mm256_srlv_epi32(spread, _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0)),
+                _mm256_set1_epi8(3),
+            );
+            let yv = load256(y);
+            // byte 4j + b of each half takes element 4b + j
+            let tr = _mm256_setr_epi8(
+                0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2,
+                6, 10, 14, 3, 7, 11, 15,
+            );
+            let yt = _mm256_shuffle_epi8(yv, tr);
+            let ones16 = _mm256_set1_epi16(1);
+            let cy = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, yt), ones16);
+            let sy = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), yv), ones16);
+            let d = _mm256_sub_epi32(cy, sy);
+            let d = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256::<1>(d));
+            let d = _mm_add_epi32(d, _mm_unpackhi_epi64(d, d));
+            _mm_cvtsi128_si32(_mm_add_epi32(d, _mm_shuffle_epi32::<1>(d)))
+        }
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
