@@ -230,12 +230,6 @@ fn main() -> ExitCode {
                             tessera::DType::F16 | tessera::DType::BF16 | tessera::DType::F32
                         )
                 }) {
-                    Some(t) if t.is_quantized() && !tessera_quants::can_quantize(t.id()) => {
-                        eprintln!(
-                            "error: bench-ops --types: {t} is an activation format with no quantizer of its own (ggml has none either); weights cannot be written in it"
-                        );
-                        return ExitCode::FAILURE;
-                    }
                     Some(t) => qtypes.push(t),
                     None => {
                         eprintln!(
