@@ -32,7 +32,19 @@ fn product(
     let b = g.new_f32(b_ne).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     let mut s = Session::new(g, &[y]).unwrap();
-    s.set_f32(a, av).unwrap();
+    if tessera_quants::requires_imatrix(t.id()) {
+        // the i-quants that need an importance matrix get a uniform one
+        let k = a_ne[0];
+        let row = t.row_size(k).unwrap();
+        let ones = vec![1f32; k];
+        let mut bytes = vec![0u8; row * (av.len() / k)];
+        for (src, dst) in av.chunks(k).zip(bytes.chunks_mut(row)) {
+            tessera_quants::quantize_row(t.id(), src, dst, Some(&ones)).unwrap();
+        }
+        s.set_bytes(a, &bytes).unwrap();
+    } else {
+        s.set_f32(a, av).unwrap();
+    }
     s.set_f32(b, bv).unwrap();
     let wbytes = s.get_bytes(a).unwrap();
     (s, y, wbytes)
@@ -206,6 +218,13 @@ fn one_row_kernel_types_compute_every_element_as_vec_dot() {
         DType::Q6K,
         DType::IQ4XS,
         DType::Q5_0,
+        // the lattice and small-float types' rows go through `qdot`'s row-kernel loop
+        DType::IQ1S,
+        DType::IQ1M,
+        DType::IQ2XXS,
+        DType::IQ3S,
+        DType::NVFP4,
+        DType::Q1_0,
     ]
     .into_iter()
     .flat_map(|t| [(t, 70, 1, 1), (t, 37, 1, 3)]);

@@ -35,6 +35,17 @@ pub fn supported(t: DType) -> bool {
     matches!(t, DType::MXFP4 | DType::NVFP4 | DType::Q1_0 | DType::Q2_0)
 }
 
+/// The AVX2 kernel [`vec_dot`] runs for `t` on `isa`, for callers that loop over rows; `None`
+/// where `vec_dot` takes another path (q2_0's generic code included).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_kernel(isa: Isa, t: DType) -> Option<crate::ops::qdot::RowKernel> {
+    (supported(t)
+        && t != DType::Q2_0
+        && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+        && avx2::available())
+    .then(|| avx2::kernel(t))
+}
+
 /// Dot of `nb` blocks of weight type `t` with the `nb · t.block_size() / 32` q8_0 blocks they
 /// meet. The scalar path is ggml's generic code, the AVX2 path (when the CPU has AVX2, FMA and
 /// F16C) what llama.cpp's AVX2 build computes.
@@ -301,16 +312,18 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
-        let (w, x) = (w.as_ptr(), x.as_ptr());
         // SAFETY: the caller guarantees nb blocks of t and the q8_0 blocks they meet behind w
         // and x, and the CPU features every kernel is compiled for.
-        unsafe {
-            match t {
-                DType::MXFP4 => mxfp4(w, x, nb),
-                DType::NVFP4 => nvfp4(w, x, nb),
-                DType::Q1_0 => q1_0(w, x, nb),
-                _ => unreachable!("checked by the caller"),
-            }
+        unsafe { kernel(t)(w.as_ptr(), x.as_ptr(), nb) }
+    }
+
+    /// The kernel for `t` (mxfp4, nvfp4 or q1_0).
+    pub fn kernel(t: DType) -> crate::ops::qdot::RowKernel {
+        match t {
+            DType::MXFP4 => mxfp4,
+            DType::NVFP4 => nvfp4,
+            DType::Q1_0 => q1_0,
+            _ => unreachable!("checked by the caller"),
         }
     }
 

@@ -55,7 +55,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     if matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); w and x hold at least nb
         // blocks of their formats (asserted above), which is all the kernels read.
-        return unsafe { avx2::vec_dot(t, w, x, nb) };
+        return unsafe { avx2::vec_dot(t, w, x, nb, fast_pdep(isa)) };
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
@@ -63,6 +63,23 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
     }
     let _ = isa;
     scalar::vec_dot::<ScalarSums>(t, w, x, nb)
+}
+
+/// The AVX2 kernel [`vec_dot`] runs for `t` on `isa`, for callers that loop over rows; `None`
+/// where `vec_dot` takes another path.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_kernel(isa: Isa, t: DType) -> Option<crate::ops::qdot::RowKernel> {
+    (supported(t) && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available())
+        .then(|| avx2::kernel(t, fast_pdep(isa)))
+}
+
+/// Whether the iq1 kernels take grid indices apart with BMI2's `pdep`, as ggml's do where it is
+/// compiled for BMI2: on the CPUs of `Isa::AvxVnni` and `Isa::Avx512` (Intel's since Haswell and
+/// AMD's since Zen 3 run it in one cycle; AMD's earlier AVX2 cores microcode it, tens to
+/// hundreds of cycles, so `Isa::Avx2` keeps the shifts).
+#[cfg(target_arch = "x86_64")]
+fn fast_pdep(isa: Isa) -> bool {
+    matches!(isa, Isa::AvxVnni | Isa::Avx512) && is_x86_feature_detected!("bmi2")
 }
 
 fn f16_bits(h: u16) -> f32 {
@@ -273,19 +290,25 @@ mod avx2 {
         t
     };
 
+    /// `pdep`: the CPU has BMI2 and a fast `pdep` (the caller's choice; AMD's before Zen 3
+    /// microcode it).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
-        let (w, x) = (w.as_ptr(), x.as_ptr());
+    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize, pdep: bool) -> f32 {
         // SAFETY: the caller guarantees nb blocks of both formats behind w and x, and the CPU
         // features every kernel is compiled for.
-        unsafe {
-            match t {
-                DType::IQ3XXS => iq3_xxs(w, x, nb),
-                DType::IQ3S => iq3_s(w, x, nb),
-                DType::IQ1S => iq1_s(w, x, nb),
-                DType::IQ1M => iq1_m(w, x, nb),
-                _ => unreachable!("checked by the caller"),
-            }
+        unsafe { kernel(t, pdep)(w.as_ptr(), x.as_ptr(), nb) }
+    }
+
+    /// The kernel for `t` (one of [`supported`]).
+    pub fn kernel(t: DType, pdep: bool) -> crate::ops::qdot::RowKernel {
+        match t {
+            DType::IQ3XXS => iq3_xxs,
+            DType::IQ3S => iq3_s,
+            DType::IQ1S if pdep => iq1_s_bmi2,
+            DType::IQ1S => iq1_s,
+            DType::IQ1M if pdep => iq1_m_bmi2,
+            DType::IQ1M => iq1_m,
+            _ => unreachable!("checked by the caller"),
         }
     }
 
@@ -309,13 +332,6 @@ mod avx2 {
     unsafe fn u32_le(p: *const u8) -> u32 {
         // SAFETY: four readable bytes at p (caller).
         unsafe { u32::from_le((p as *const u32).read_unaligned()) }
-    }
-
-    /// q8_K's group sum `j` (of 16 quants) of the block at `xb`.
-    #[inline]
-    unsafe fn bsum(xb: *const u8, j: usize) -> i32 {
-        // SAFETY: a q8_K block at xb (caller) and j < 16 (callers).
-        unsafe { u16_le(xb.add(4 + QK_K + 2 * j)) as i16 as i32 }
     }
 
     /// Eight iq3 grid points (4 magnitude bytes each), point j in 32-bit lane j.
@@ -469,36 +485,130 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq1_s(w: *const u8, x: *const u8, nb: usize) -> f32 {
-        // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048.
+        // SAFETY: as `iq1_s_body` (the caller's guarantees).
+        unsafe { iq1_s_body::<false>(w, x, nb) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,bmi2")]
+    unsafe fn iq1_s_bmi2(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: as `iq1_s_body`; the caller checked BMI2.
+        unsafe { iq1_s_body::<true>(w, x, nb) }
+    }
+
+    /// The 8 i32 lanes of `v` summed (exact: the callers' sums are far from overflowing).
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: register arithmetic only (AVX2 is enabled in every caller).
         unsafe {
+            let r = _mm_add_epi32(_mm256_extracti128_si256::<1>(v), _mm256_castsi256_si128(v));
+            let r = _mm_add_epi32(r, _mm_shuffle_epi32::<0x4e>(r));
+            _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32::<0xb1>(r)))
+        }
+    }
+
+    /// Four iq1 grid points whose indices are the four 16-bit words of `p`.
+    ///
+    /// Safety: every word of `p` is below 2048 (the callers deposit 8 + 3 or 8 + 3 of 4 bits).
+    #[inline(always)]
+    unsafe fn grid_words(p: u64) -> __m256i {
+        // SAFETY: each word is < 2048 = IQ1S_GRID.len() (caller); no mask, so that each index
+        // is one `movzwl` (or a shift) as in ggml's kernel.
+        let g =
+            |j: u32| unsafe { *IQ1S_GRID.get_unchecked((p >> (16 * j)) as u16 as usize) as i64 };
+        // SAFETY: register arithmetic only (AVX2 is enabled in every caller).
+        unsafe { _mm256_set_epi64x(g(3), g(2), g(1), g(0)) }
+    }
+
+    /// `vpshufb` rows: row j repeats 16-bit word j of each 128-bit half.
+    static WORD_SHUF: [[u8; 32]; 8] = {
+        let mut t = [[0u8; 32]; 8];
+        let mut j = 0;
+        while j < 8 {
+            let mut b = 0;
+            while b < 32 {
+                t[j][b] = (2 * j + b % 2) as u8;
+                b += 1;
+            }
+            j += 1;
+        }
+        t
+    };
+
+    /// [`WORD_SHUF`] behind a pointer the compiler cannot see through: given the constants it
+    /// turns each one-instruction `vpshufb` into two shuffles (`vpshuflw`/`vpshufhw` and
+    /// `vpshufd`), as in `qdot`'s k-quant kernels.
+    #[inline(always)]
+    fn word_shuf() -> *const u8 {
+        std::hint::black_box(WORD_SHUF.as_ptr() as *const u8)
+    }
+
+    /// ggml's AVX2 iq1_s kernel, with the same 32-bit lanes and float steps (so its bits), in
+    /// fewer instructions:
+    /// - the shift term Σ ±ls·(the sub-block's two q8 sums) is one `vpmaddwd` of the block's 16
+    ///   q8 sums against the signed scales (each lane one sub-block's two products), summed
+    ///   across lanes once a block: the same exact integer ggml sums in scalar registers;
+    /// - each sub-block's scale is shuffled out of a register of the block's eight scales;
+    /// - with `PDEP` (BMI2, as ggml's `__BMI2__` path) the four 11-bit grid indices of a
+    ///   sub-block are deposited as four 16-bit words with two `pdep`; without it they are
+    ///   assembled one by one;
+    /// - the four pairs of sub-blocks of a block are unrolled.
+    #[inline(always)]
+    unsafe fn iq1_s_body<const PDEP: bool>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048, shuffle indices
+        // < 16; BMI2 where PDEP (caller).
+        unsafe {
+            let one16 = _mm_set1_epi16(1);
+            let e16 = _mm_set1_epi16(0xe);
+            let shuf = word_shuf();
             let mut acc = _mm256_setzero_ps();
             let mut acc1 = 0f32;
             for i in 0..nb {
                 let (wb, xb) = (w.add(i * 50), x.add(i * Q8_K_SIZE));
-                let (mut qs, qh, mut q8) = (wb.add(2), wb.add(34), xb.add(4));
+                let (qs, qh, q8) = (wb.add(2), wb.add(34), xb.add(4));
+                let h = _mm_loadu_si128(qh as *const __m128i);
+                // 2·((qh >> 12) & 7) + 1, and the same negated where bit 15 is set
+                let ls = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<11>(h), e16), one16);
+                let sls = _mm_sign_epi16(ls, _mm_or_si128(h, one16));
+                let sls =
+                    _mm256_set_m128i(_mm_unpackhi_epi16(sls, sls), _mm_unpacklo_epi16(sls, sls));
+                let bsums = load256(xb.add(4 + QK_K));
+                let sumi1 = hsum_i32(_mm256_madd_epi16(bsums, sls));
+                let ls = _mm256_set_m128i(ls, ls);
                 let mut sumi = _mm256_setzero_si256();
-                let mut sumi1 = 0i32;
-                for ib in (0..QK_K / 32).step_by(2) {
-                    let (h1, h2) = (u16_le(qh.add(2 * ib)), u16_le(qh.add(2 * ib + 2)));
-                    let g1 = grid4x8(std::array::from_fn(|l| {
-                        IQ1S_GRID[iq1s_index(*qs.add(l), h1, l)]
-                    }));
-                    let g2 = grid4x8(std::array::from_fn(|l| {
-                        IQ1S_GRID[iq1s_index(*qs.add(4 + l), h2, l)]
-                    }));
-                    qs = qs.add(8);
-                    let dot1 = mul_i8_pairs(g1, load256(q8));
-                    let dot2 = mul_i8_pairs(g2, load256(q8.add(32)));
-                    q8 = q8.add(64);
-                    let ls1 = 2 * ((h1 >> 12) & 7) as i16 + 1;
-                    let ls2 = 2 * ((h2 >> 12) & 7) as i16 + 1;
-                    let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1));
-                    let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2));
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
-                    let delta = |h: u16| if h & 0x8000 != 0 { -1 } else { 1 };
-                    sumi1 += (bsum(xb, 2 * ib) + bsum(xb, 2 * ib + 1)) * delta(h1) * ls1 as i32
-                        + (bsum(xb, 2 * ib + 2) + bsum(xb, 2 * ib + 3)) * delta(h2) * ls2 as i32;
+                macro_rules! pair {
+                    ($ib:expr) => {{
+                        let (h1, h2) = (u16_le(qh.add(2 * $ib)), u16_le(qh.add(2 * $ib + 2)));
+                        let (g1, g2) = if PDEP {
+                            let q = (qs.add(4 * $ib) as *const u64).read_unaligned();
+                            let lo = 0x00ff_00ff_00ff_00ff;
+                            let hi = 0x0700_0700_0700_0700;
+                            (
+                                grid_words(_pdep_u64(q, lo) | _pdep_u64(h1 as u64, hi)),
+                                grid_words(_pdep_u64(q >> 32, lo) | _pdep_u64(h2 as u64, hi)),
+                            )
+                        } else {
+                            (
+                                grid4x8(std::array::from_fn(|l| {
+                                    IQ1S_GRID[iq1s_index(*qs.add(4 * $ib + l), h1, l)]
+                                })),
+                                grid4x8(std::array::from_fn(|l| {
+                                    IQ1S_GRID[iq1s_index(*qs.add(4 * $ib + 4 + l), h2, l)]
+                                })),
+                            )
+                        };
+                        let dot1 = mul_i8_pairs(g1, load256(q8.add(32 * $ib)));
+                        let dot2 = mul_i8_pairs(g2, load256(q8.add(32 * $ib + 32)));
+                        let s1 = _mm256_shuffle_epi8(ls, load256(shuf.add(32 * $ib)));
+                        let s2 = _mm256_shuffle_epi8(ls, load256(shuf.add(32 * $ib + 32)));
+                        let p1 = _mm256_madd_epi16(dot1, s1);
+                        let p2 = _mm256_madd_epi16(dot2, s2);
+                        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+                    }};
                 }
+                pair!(0);
+                pair!(2);
+                pair!(4);
+                pair!(6);
                 let d = f32_le(xb) * f16(u16_le(wb));
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
                 // gcc fuses ggml's `accum1 += d * sumi1`
@@ -509,28 +619,58 @@ mod avx2 {
         }
     }
 
+    /// iq1_m's block scales from its 8 scale bytes at `sc`: the f16 super-scale, and the sixteen
+    /// 3-bit scales as 2s + 1 in 16-bit words — words 0-3 of the low half the first scales of
+    /// sub-blocks 0-3 (word j: sub-block j), words 4-7 their second; the high half the same
+    /// for sub-blocks 4-7 (ggml's `scales_shift` of 0, 6 | 3, 9).
+    #[inline(always)]
+    unsafe fn iq1m_block_scales(sc: *const u8) -> (f32, __m256i) {
+        // SAFETY: 8 readable bytes at sc (caller); register arithmetic; AVX2 and F16C are
+        // enabled in every caller.
+        unsafe {
+            let scale = f16(iq1m_scale_bits(std::slice::from_raw_parts(sc, 8)));
+            let sc64 = (sc as *const i64).read_unaligned();
+            let shift = _mm256_set_epi64x(9, 3, 6, 0);
+            let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64), shift);
+            let scales = _mm256_and_si256(scales, _mm256_set1_epi16(7));
+            let scales = _mm256_add_epi16(_mm256_slli_epi16::<1>(scales), _mm256_set1_epi16(1));
+            (scale, scales)
+        }
+    }
+
+    /// Two iq1_m sub-blocks (grid points `g`, shift signs `delta`, activations `y`, scales
+    /// `scale` repeated per 16 elements): ggml's two lane sums, Σ scale·g·y and Σ scale·δ·y.
+    #[inline(always)]
+    unsafe fn iq1m_pair(
+        g: [__m256i; 2],
+        delta: [__m256i; 2],
+        y: [__m256i; 2],
+        scale: [__m256i; 2],
+    ) -> (__m256i, __m256i) {
+        // SAFETY: register arithmetic only (AVX2 is enabled in every caller).
+        unsafe {
+            let mone8 = _mm256_set1_epi8(1);
+            let p1 = _mm256_madd_epi16(mul_i8_pairs(g[0], y[0]), scale[0]);
+            let p2 = _mm256_madd_epi16(mul_i8_pairs(g[1], y[1]), scale[1]);
+            let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y[0], delta[0]));
+            let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y[1], delta[1]));
+            let p3 = _mm256_madd_epi16(dot3, scale[0]);
+            let p4 = _mm256_madd_epi16(dot4, scale[1]);
+            (_mm256_add_epi32(p1, p2), _mm256_add_epi32(p3, p4))
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq1_m(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048, shuffle indices
         // < 16.
         unsafe {
-            let mask = _mm256_set1_epi16(7);
-            let mone = _mm256_set1_epi16(1);
-            let mone8 = _mm256_set1_epi8(1);
             let mtwo8 = _mm256_set1_epi8(2);
-            // the four scale words shifted by 0 and 6 (low 128 bits: the first and second
-            // sub-block's first scale), 3 and 9 (high: their second scale)
-            let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
             let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for i in 0..nb {
                 let (wb, xb) = (w.add(i * 56), x.add(i * Q8_K_SIZE));
                 let (mut qs, mut qh, sc, mut q8) = (wb, wb.add(32), wb.add(48), xb.add(4));
-                let sc_bytes = std::slice::from_raw_parts(sc, 8);
-                let scale = f16(iq1m_scale_bits(sc_bytes));
-                let sc64 = (sc as *const i64).read_unaligned();
-                let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64), scales_shift);
-                let scales =
-                    _mm256_add_epi16(_mm256_slli_epi16::<1>(_mm256_and_si256(scales, mask)), mone);
+                let (scale, scales) = iq1m_block_scales(sc);
                 // 16-bit word it (then 4 + it) of each half, repeated
                 let mut idx1 = _mm256_set1_epi16(0x0100);
                 let mut idx2 = _mm256_add_epi8(idx1, _mm256_set1_epi8(8));
@@ -550,23 +690,88 @@ mod avx2 {
                     let y1 = load256(q8);
                     let y2 = load256(q8.add(32));
                     q8 = q8.add(64);
-                    let dot1 = mul_i8_pairs(g1, y1);
-                    let dot2 = mul_i8_pairs(g2, y2);
-                    let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y1, delta1));
-                    let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(y2, delta2));
                     let scale1 = _mm256_shuffle_epi8(scales, idx1);
                     let scale2 = _mm256_shuffle_epi8(scales, idx2);
                     idx1 = _mm256_add_epi8(idx1, mtwo8);
                     idx2 = _mm256_add_epi8(idx2, mtwo8);
-                    let p1 = _mm256_madd_epi16(dot1, scale1);
-                    let p2 = _mm256_madd_epi16(dot2, scale2);
-                    let p3 = _mm256_madd_epi16(dot3, scale1);
-                    let p4 = _mm256_madd_epi16(dot4, scale2);
-                    sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
-                    sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
+                    let (s1, s2) =
+                        iq1m_pair([g1, g2], [delta1, delta2], [y1, y2], [scale1, scale2]);
+                    sumi1 = _mm256_add_epi32(sumi1, s1);
+                    sumi2 = _mm256_add_epi32(sumi2, s2);
                     qs = qs.add(8);
                     qh = qh.add(4);
                 }
+                let d = _mm256_set1_ps(f32_le(xb) * scale);
+                acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), acc1);
+                acc2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), acc2);
+            }
+            // gcc fuses ggml's final `hsum1 + IQ1M_DELTA * hsum2` (the same value unless the
+            // product underflows: it is exact otherwise)
+            hsum(acc2).mul_add(IQ1_DELTA, hsum(acc1))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,bmi2")]
+    unsafe fn iq1_m_bmi2(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: as `iq1_m_pdep`; the caller checked BMI2.
+        unsafe { iq1_m_pdep(w, x, nb) }
+    }
+
+    /// ggml's AVX2 iq1_m kernel with its `__BMI2__` index path (its lanes and float steps, so
+    /// its bits): the grid indices and the shift signs deposited with `pdep`, the four pairs of
+    /// sub-blocks of a block unrolled, the scales shuffled with one `vpshufb` each. (`iq1_m`
+    /// without BMI2 keeps its loop: unrolled, its indices assembled one by one spill.)
+    #[inline(always)]
+    unsafe fn iq1_m_pdep(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: nb blocks behind w and x (caller); grid indices are < 2048, shuffle indices
+        // < 16; BMI2 (caller).
+        unsafe {
+            let mone8 = _mm256_set1_epi8(1);
+            let shuf = word_shuf();
+            let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for i in 0..nb {
+                let (wb, xb) = (w.add(i * 56), x.add(i * Q8_K_SIZE));
+                let (qs, qh, sc, q8) = (wb, wb.add(32), wb.add(48), xb.add(4));
+                let (scale, scales) = iq1m_block_scales(sc);
+                let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                macro_rules! pair {
+                    ($it:expr) => {{
+                        let (g1, g2, delta1, delta2) = {
+                            let q = (qs.add(8 * $it) as *const u64).read_unaligned();
+                            let h = u32_le(qh.add(4 * $it)) as u64;
+                            let lo = 0x00ff_00ff_00ff_00ff;
+                            let hi = 0x0f00_0f00_0f00_0f00;
+                            let sign = _pdep_u64(h & 0x8888_8888, 0xf0f0_f0f0_f0f0_f0f0);
+                            let spread = |s: u64| {
+                                _mm256_or_si256(
+                                    mone8,
+                                    _mm256_cvtepi8_epi64(_mm_set1_epi32(s as u32 as i32)),
+                                )
+                            };
+                            (
+                                grid_words(_pdep_u64(q, lo) | _pdep_u64(h & 0x7777, hi)),
+                                grid_words(
+                                    _pdep_u64(q >> 32, lo) | _pdep_u64((h >> 16) & 0x7777, hi),
+                                ),
+                                spread(sign),
+                                spread(sign >> 32),
+                            )
+                        };
+                        let y1 = load256(q8.add(64 * $it));
+                        let y2 = load256(q8.add(64 * $it + 32));
+                        // the sub-blocks' scales: words it and 4 + it of each half
+                        let scale1 = _mm256_shuffle_epi8(scales, load256(shuf.add(32 * $it)));
+                        let scale2 = _mm256_shuffle_epi8(scales, load256(shuf.add(128 + 32 * $it)));
+                        let (s1, s2) =
+                            iq1m_pair([g1, g2], [delta1, delta2], [y1, y2], [scale1, scale2]);
+                        sumi1 = _mm256_add_epi32(sumi1, s1);
+                        sumi2 = _mm256_add_epi32(sumi2, s2);
+                    }};
+                }
+                pair!(0);
+                pair!(1);
+                pair!(2);
+                pair!(3);
                 let d = _mm256_set1_ps(f32_le(xb) * scale);
                 acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), acc1);
                 acc2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), acc2);

@@ -41,6 +41,14 @@ pub fn supported(t: DType) -> bool {
     matches!(t, DType::IQ2XXS | DType::IQ2XS | DType::IQ2S)
 }
 
+/// The AVX2 kernel [`vec_dot`] runs for `t` on `isa`, for callers that loop over rows; `None`
+/// where `vec_dot` takes another path.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_kernel(isa: Isa, t: DType) -> Option<crate::ops::qdot::RowKernel> {
+    (supported(t) && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available())
+        .then(|| avx2::kernel(t))
+}
+
 /// Dot of `nb` blocks of weight type `t` with `nb` blocks of q8_K. The caller (`qdot::vec_dot`)
 /// has checked that both rows hold `nb` whole blocks.
 pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
@@ -284,16 +292,18 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
-        let (w, x) = (w.as_ptr(), x.as_ptr());
         // SAFETY: the caller guarantees nb blocks of both formats behind w and x, and the CPU
         // features every kernel is compiled for.
-        unsafe {
-            match t {
-                DType::IQ2XXS => iq2_xxs(w, x, nb),
-                DType::IQ2XS => iq2_xs(w, x, nb),
-                DType::IQ2S => iq2_s(w, x, nb),
-                _ => unreachable!("checked by the caller"),
-            }
+        unsafe { kernel(t)(w.as_ptr(), x.as_ptr(), nb) }
+    }
+
+    /// The kernel for `t` (one of [`supported`]).
+    pub fn kernel(t: DType) -> crate::ops::qdot::RowKernel {
+        match t {
+            DType::IQ2XXS => iq2_xxs,
+            DType::IQ2XS => iq2_xs,
+            DType::IQ2S => iq2_s,
+            _ => unreachable!("checked by the caller"),
         }
     }
 
