@@ -661,8 +661,12 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
 /// scales (`[16]` f32), sums of 16 in pairs (`[8][16][2]` i16) and sums of 32 in pairs
 /// (`[4][16][2]` i16). Group `2P` fills the first 32 bytes of each 64, group `2P + 1` the rest.
 pub const PAIR_BYTES: usize = 4096 + 64 + 512 + 256;
+// (their offsets, written by the x86 packing only)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PAIR_D: usize = 4096;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PAIR_BS16: usize = 4096 + 64;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PAIR_BS32: usize = 4096 + 64 + 512;
 
 /// Whether [`run`] under `isa` takes pairs of groups in the AVX-512 layout (so the packing
