@@ -17,7 +17,11 @@
 //! four weights and `vpmaddwd` by ones gives p_i for eight columns at once, and eight
 //! accumulators per weight row hold lane i of the eight columns. No horizontal work and no
 //! per-pair scale shuffles remain in the inner loop: about five instructions per 32
-//! multiply-adds (q8_0: six, its signs applied with an xor and a subtract).
+//! multiply-adds (q8_0: six, its signs applied with an xor and a subtract). With VNNI one
+//! `vpdpbusd` gives p_i, starting from the packed −bias·Σx of the lane (q4_0 / q5_0 codes carry
+//! a bias of 8 / 16, q8_0 and iq4_nl values are stored + 128), then a conversion and an FMA:
+//! three vector operations per 32 multiply-adds for every type but q4_1 / q5_1 (which add
+//! their Σ m·s per block).
 //!
 //! Cache blocking: a window of column groups against every row, K in chunks of blocks; the
 //! accumulators of (row, group) live in per-thread scratch between chunks. Up to three groups
@@ -32,8 +36,9 @@ use super::qdot::f16_at;
 /// Columns packed together.
 pub const GROUP: usize = 8;
 /// Bytes of one packed (column group, 32-element block): the 32 activations of eight columns
-/// interleaved by four (`[8][8][4]`), for q4_0 / q5_0 the sums of four times the codes' bias
-/// (`[8][8]` i32), the eight d (f32) and for q4_1 / q5_1 the eight s (f32).
+/// interleaved by four (`[8][8][4]`), for q4_0 / q5_0 / q8_0 / iq4_nl minus the sums of four
+/// times the codes' bias (`[8][8]` i32), the eight d (f32) and for q4_1 / q5_1 the eight s
+/// (f32).
 pub const PACKED: usize = 576;
 const OFF_AUX: usize = 256;
 const OFF_D: usize = 512;
@@ -61,11 +66,15 @@ fn with_min(t: DType) -> bool {
     matches!(t, DType::Q4_1 | DType::Q5_1)
 }
 
-/// The offset the unsigned codes carry (value = code − bias): q4_0 8, q5_0 16.
+/// The offset the unsigned codes carry (value = code − bias): q4_0 8, q5_0 16; q8_0 and iq4_nl
+/// 128 where the kernel multiplies with `vpdpbusd` (their signed values stored as value + 128,
+/// so that no sign needs applying per product; the AVX2 kernel keeps ggml's signs and does not
+/// read the sums).
 fn bias(t: DType) -> i32 {
     match t {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
+        DType::Q8_0 | DType::IQ4NL => 128,
         _ => 0,
     }
 }
@@ -98,8 +107,9 @@ pub fn runs_on(isa: crate::simd::Isa) -> bool {
     }
 }
 
-/// One unpacked weight block: the 32 codes in element order (q4: 0..15; q8_0: the sign masks
-/// of the values, 0xff where negative), their magnitudes (q8_0), d and m as f32.
+/// One unpacked weight block: the 32 codes in element order (q4: 0..15; q8_0 and iq4_nl: for
+/// AVX2 the sign masks of the values, 0xff where negative, and their magnitudes in `aq`; for
+/// VNNI the values + 128), d and m as f32.
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 pub(crate) struct WBlock {
@@ -140,7 +150,7 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
                     let s: i32 = x.map_or(0, |x| {
                         x[qs + 4 * i..qs + 4 * i + 4]
                             .iter()
-                            .map(|&v| bias * v as i8 as i32)
+                            .map(|&v| -bias * v as i8 as i32)
                             .sum()
                     });
                     o[OFF_AUX + at..OFF_AUX + at + 4].copy_from_slice(&s.to_le_bytes());
@@ -277,7 +287,9 @@ unsafe fn run_chunk(
             for (ri, r) in rows.clone().enumerate() {
                 for (j, wb) in wbs[ri * kn..(ri + 1) * kn].iter_mut().enumerate() {
                     // SAFETY: block k0 + j of row r lies inside the row (caller).
-                    unsafe { avx2::unpack(t, b.a.add(r * b.a_nb1 + (k0 + j) * bsz), wb) };
+                    unsafe {
+                        avx2::unpack(t, b.a.add(r * b.a_nb1 + (k0 + j) * bsz), wb, vnni != 0)
+                    };
                 }
             }
             // one group's K chunk (kn·576 bytes, in L1) against every row of the chunk
@@ -419,9 +431,10 @@ mod avx2 {
         }
     }
 
-    /// One weight block at `w` unpacked.
+    /// One weight block at `w` unpacked; `vnni`: for a kernel with `vpdpbusd` (q8_0 and
+    /// iq4_nl then as value + 128 in `q`, instead of sign masks and magnitudes).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn unpack(t: DType, w: *const u8, o: &mut WBlock) {
+    pub unsafe fn unpack(t: DType, w: *const u8, o: &mut WBlock, vnni: bool) {
         // SAFETY: one block of t at w (caller).
         unsafe {
             let qp = o.q.as_mut_ptr() as *mut __m256i;
@@ -467,8 +480,13 @@ mod avx2 {
                     } else {
                         crate::ops::qdot::avx2::iq4_values(w.add(2))
                     };
-                    _mm256_storeu_si256(qp, _mm256_cmpgt_epi8(_mm256_setzero_si256(), q));
-                    _mm256_storeu_si256(o.aq.as_mut_ptr() as *mut __m256i, _mm256_sign_epi8(q, q));
+                    if vnni {
+                        _mm256_storeu_si256(qp, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));
+                    } else {
+                        _mm256_storeu_si256(qp, _mm256_cmpgt_epi8(_mm256_setzero_si256(), q));
+                        let aq = o.aq.as_mut_ptr() as *mut __m256i;
+                        _mm256_storeu_si256(aq, _mm256_sign_epi8(q, q));
+                    }
                     o.d = f16(w);
                     o.m = 0.0;
                 }
@@ -546,7 +564,7 @@ mod avx2 {
             let mut a = [_mm256_setzero_ps(); 8];
             let mut summs = _mm256_setzero_ps();
             for j in 0..nb {
-                unpack(t, w.add(j * bsz), &mut wb);
+                unpack(t, w.add(j * bsz), &mut wb, V != 0);
                 block_step::<T, V>(&wb, p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
@@ -597,7 +615,22 @@ mod avx2 {
         unsafe {
             let x = _mm256_loadu_si256(pb.add(32 * i) as *const __m256i);
             let wv = _mm256_set1_epi32((wb.q.as_ptr().add(4 * i) as *const i32).read_unaligned());
-            let prod = if T == 2 {
+            // −bias·Σx of the lane's four activations per column (q4_0, q5_0; q8_0 and iq4_nl
+            // with VNNI)
+            let aux = || _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
+            let s = if V != 0 {
+                // q4_0 / q5_0 (T 0), and q8_0 / iq4_nl (T 2) stored as w + 128: from the
+                // packed −bias·Σ x, Σ (w + bias)·x − bias·Σ x = Σ w·x exactly. For q8_0 that is
+                // one instruction where ggml's |w|·sign(x, w) takes three, with the same p_i
+                // wherever x ≠ −128, which q8_0's quantizer never writes (w = −128 is exact in
+                // both).
+                let start = if T == 0 || T == 2 {
+                    aux()
+                } else {
+                    _mm256_setzero_si256()
+                };
+                dpbusd::<V>(start, wv, x)
+            } else if T == 2 {
                 // ggml's |w|·sign(x, w) with the sign applied as (x ^ m) − m, m the weights'
                 // sign masks (`wv` here): two simple ALU operations instead of `vpsignb`, which
                 // competes with the multiplies here (2.3 against 2.5-2.8 cycles a lane step in
@@ -605,21 +638,15 @@ mod avx2 {
                 let aw =
                     _mm256_set1_epi32((wb.aq.as_ptr().add(4 * i) as *const i32).read_unaligned());
                 let sx = _mm256_sub_epi8(_mm256_xor_si256(x, wv), wv);
-                if V != 0 {
-                    dpbusd::<V>(_mm256_setzero_si256(), aw, sx)
-                } else {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
-                }
-            } else if V != 0 {
-                dpbusd::<V>(_mm256_setzero_si256(), wv, x)
+                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
             } else {
-                _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones)
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones);
+                if T == 0 {
+                    _mm256_add_epi32(p, aux())
+                } else {
+                    p
+                }
             };
-            let mut s = prod;
-            if T == 0 {
-                let x8 = _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
-                s = _mm256_sub_epi32(s, x8);
-            }
             // (q5_1's kernel multiplies in the other order; the fused product is the same)
             _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), ai)
         }
