@@ -147,6 +147,8 @@ fn every_element_equals_the_one_column_kernel() {
             (96, 9, 7, 2),
             (320, 7, 9, 1),
             (256, 4, 17, 2),
+            // (the pairs-of-groups layout on AVX-512 VNNI: 5 groups, the last one ragged)
+            (64, 5, 33, 2),
         ] {
             check(t, k, m, n, nb2, &mut rng);
         }
@@ -154,7 +156,9 @@ fn every_element_equals_the_one_column_kernel() {
 }
 
 /// More rows than a chunk (32), more columns than a window (128 = 16 groups), more blocks
-/// than a K chunk (32), all ragged; and the few-group path (up to 24 columns).
+/// than a K chunk (32), all ragged; and the few-group path (up to 24 columns). On AVX-512
+/// VNNI more than 24 columns take the pairs-of-groups layout: odd group counts (an empty
+/// half), a half-filled last group and two batches of them, for every type.
 #[test]
 fn chunks_windows_and_ragged_edges() {
     let mut rng = Rng::new(52);
@@ -163,6 +167,10 @@ fn chunks_windows_and_ragged_edges() {
     check(DType::Q4_1, 352, 70, 75, 1, &mut rng);
     check(DType::Q4_0, 96, 130, 8, 1, &mut rng);
     check(DType::Q5_1, 64, 9, 24, 1, &mut rng);
+    check(DType::Q4_0, 1088, 37, 33, 2, &mut rng);
+    check(DType::Q5_0, 320, 9, 41, 2, &mut rng);
+    check(DType::Q5_1, 1056, 20, 25, 1, &mut rng);
+    check(DType::Q4_1, 64, 33, 48, 2, &mut rng);
 }
 
 /// q8_0 codes no quantizer writes but a file may hold: −128 (its magnitude 128 does not fit

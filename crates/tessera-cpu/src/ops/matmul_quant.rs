@@ -111,7 +111,10 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
             .max(pairs * (k / 256) * qgemm_k::PAIR_BYTES)
             .next_multiple_of(64)
     } else if group0 {
-        (groups * (k / 32) * qgemm_0::PACKED).next_multiple_of(64)
+        // (qgemm_0's AVX-512 layout takes pairs of groups too)
+        (groups * (k / 32) * qgemm_0::PACKED)
+            .max(pairs * (k / 32) * qgemm_0::PAIR_BYTES)
+            .next_multiple_of(64)
     } else {
         0
     };
@@ -207,8 +210,17 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let tiled = l.tiled && !ctx.batch_invariant;
     if tiled || group0 {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
-        // (qgemm_k on AVX-512: as halves of pairs of groups, an even number per batch)
-        let wide = tiled && qgemm_k::wide(ctx.isa);
+        // (on AVX-512: as halves of pairs of groups, an even number per batch)
+        let wide = if tiled {
+            qgemm_k::wide(ctx.isa)
+        } else {
+            qgemm_0::wide(ctx.isa, b.ne[1])
+        };
+        let pair_bytes = if tiled {
+            qgemm_k::PAIR_BYTES
+        } else {
+            qgemm_0::PAIR_BYTES
+        };
         let gpb = if wide {
             2 * b.ne[1].div_ceil(2 * qgemm_k::GROUP)
         } else {
@@ -241,10 +253,12 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 if wide {
                     // group g is half g % 2 of pair g / 2; the two halves' bytes interleave
                     // by 32 and each thread writes only its own
-                    let out = ctx
-                        .wdata
-                        .add(l.packed_off + g / 2 * nb * qgemm_k::PAIR_BYTES);
-                    qgemm_k::pack_half(a.dtype, &cols, nb, out, g % 2);
+                    let out = ctx.wdata.add(l.packed_off + g / 2 * nb * pair_bytes);
+                    if tiled {
+                        qgemm_k::pack_half(a.dtype, &cols, nb, out, g % 2);
+                    } else {
+                        qgemm_0::pack_half(a.dtype, &cols, nb, out, g % 2);
+                    }
                     continue;
                 }
                 let out = std::slice::from_raw_parts_mut(
@@ -290,7 +304,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     packed: ctx.wdata.add(
                         l.packed_off
                             + if wide {
-                                g0 / 2 * nb * qgemm_k::PAIR_BYTES
+                                g0 / 2 * nb * pair_bytes
                             } else {
                                 g0 * nb * pb
                             },
