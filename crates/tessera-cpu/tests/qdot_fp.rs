@@ -282,3 +282,50 @@ fn rejects_unsupported_types() {
     let x = vec![0u8; DType::Q8_0.type_size()];
     qdot_fp::vec_dot(Isa::Scalar, DType::Q4_0, &w, &x, 1);
 }
+
+/// mxfp4's four-row mat-vec kernel (`matmul_quant::vec_dot4`) gives every row ggml's AVX2 bits:
+/// each fixture row next to three other rows of its length (itself again where the fixture has
+/// fewer), on every block count of the fixture (odd ones end in ggml's unfused last block), on
+/// this CPU's instruction set and the AVX2 one, with and without prefetching; the scalar path
+/// row by row as `vec_dot`.
+#[test]
+fn four_row_kernel_of_mxfp4_equals_ggml() {
+    use tessera_cpu::ops::matmul_quant::vec_dot4;
+    let cases = fixture();
+    let of_t = cases_of(&cases, DType::MXFP4, &[32, 96, 256, 1056]);
+    let mut checked = 0;
+    for (ci, c) in of_t.iter().enumerate() {
+        let others: Vec<&&Case> = of_t
+            .iter()
+            .cycle()
+            .skip(ci + 1)
+            .filter(|o| o.k == c.k)
+            .take(3)
+            .collect();
+        let rows = [&c.w[..], &others[0].w, &others[1].w, &others[2].w];
+        for isa in [Isa::Scalar, Isa::Avx2, tessera_cpu::simd::isa()] {
+            if isa != Isa::Scalar && !has_avx2() {
+                continue;
+            }
+            for pf in [0, 4096] {
+                let four = vec_dot4(isa, DType::MXFP4, rows, &c.x, c.k, pf);
+                for (r, row) in rows.iter().enumerate() {
+                    let one = vec_dot(isa, DType::MXFP4, row, &c.x, c.k);
+                    assert_eq!(
+                        four[r].to_bits(),
+                        one.to_bits(),
+                        "k={} pattern {} row {r} {isa:?}: {} vs vec_dot {one}",
+                        c.k,
+                        c.pattern,
+                        four[r]
+                    );
+                }
+                if isa != Isa::Scalar {
+                    assert_eq!(four[0].to_bits(), c.avx2.to_bits(), "k={} vs ggml", c.k);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(!has_avx2() || checked >= 4 * of_t.len());
+}

@@ -3,6 +3,8 @@
 //! x86 `vec_dot`) for its row and quantized column, bit for bit, on every thread count —
 //! across row chunks (32), column windows (128), K chunks (32 blocks), ragged edges and batches
 //! with a broadcast weight matrix. On the scalar ISA the one-column kernels run as before.
+//! mxfp4 takes the path too, with its `vec_dot`'s two accumulators (even and odd blocks) and
+//! its odd last block added after the horizontal sum.
 //!
 //! iq4_nl takes this path from two columns on, with the arithmetic of ggml's x86 mat-mat
 //! (llamafile's tinyBLAS: one accumulator per lane, `matmul_quant::vec_dot_scalar`), which its
@@ -140,6 +142,7 @@ fn every_element_equals_the_one_column_kernel() {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::MXFP4,
     ] {
         for &(k, m, n, nb2) in &[
             (32usize, 5usize, 8usize, 1usize),
@@ -171,6 +174,12 @@ fn chunks_windows_and_ragged_edges() {
     check(DType::Q5_0, 320, 9, 41, 2, &mut rng);
     check(DType::Q5_1, 1056, 20, 25, 1, &mut rng);
     check(DType::Q4_1, 64, 33, 48, 2, &mut rng);
+    // mxfp4's two accumulators and odd last block: 33 blocks (the last in the second K chunk),
+    // 34, and one
+    check(DType::MXFP4, 1056, 37, 131, 1, &mut rng);
+    check(DType::MXFP4, 1088, 9, 40, 2, &mut rng);
+    check(DType::MXFP4, 32, 5, 33, 1, &mut rng);
+    check(DType::MXFP4, 32, 6, 6, 1, &mut rng);
 }
 
 /// q8_0 codes no quantizer writes but a file may hold: −128 (its magnitude 128 does not fit

@@ -8,8 +8,8 @@
 //!   `vpmaddubsw` + `vpmaddwd`, block sums exact in integers, one f32 FMA per block), with
 //!   four-row and 4×2 / 4×3 tile forms that share activation loads and scale conversions;
 //! - every other type has its integer kernel in `qdot` (and `qdot_iq2`, `qdot_iq13`,
-//!   `qdot_fp`), one row at a time; q5_0, q5_1 and iq4_nl also have a four-row form here for
-//!   mat-vec (the same arithmetic per row);
+//!   `qdot_fp`), one row at a time; q5_0, q5_1, iq4_nl and mxfp4 also have a four-row form
+//!   here for mat-vec (the same arithmetic per row);
 //! - a type without one (none at present) would dequantize its weight row into the thread's
 //!   scratch and take an f32 dot product with the *dequantized* activations.
 
@@ -62,7 +62,7 @@ pub fn lanes_numerics(isa: Isa, t: DType, cols: usize) -> bool {
 /// Types whose one-row kernel lives in `qdot` but which also have a four-row form here (used
 /// for mat-vec; more columns take `qgemm_0` or the one-row kernels).
 fn four_row_only(t: DType) -> bool {
-    matches!(t, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL)
+    matches!(t, DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4)
 }
 
 pub fn handles(t: &Tensor, a: &Tensor, b: &Tensor) -> bool {
@@ -801,8 +801,8 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 /// Four weight rows against one activation row; each result is bit-identical to `vec_dot`'s.
-/// Four-row kernels for q4_0, q4_1, q8_0, q5_0, q5_1 and iq4_nl; other types (and ISAs) take
-/// `vec_dot` row by row.
+/// Four-row kernels for q4_0, q4_1, q8_0, q5_0, q5_1, iq4_nl and mxfp4; other types (and ISAs)
+/// take `vec_dot` row by row.
 pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa != Isa::Neon && (local_kernel(t) || four_row_only(t)) {
@@ -956,6 +956,37 @@ mod avx2 {
     use crate::ops::qdot::avx2::{
         bits_to_bytes, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, nibbles,
     };
+    use crate::ops::qdot_fp::{e8m0_half, KVALUES_FP4};
+
+    /// 16 bytes of E2M1 codes as 32 values through ggml's `kvalues_fp4` (low nibbles to bytes
+    /// 0..16, high nibbles to 16..32).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fp4_values(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at p (caller); the table is 16 bytes.
+        unsafe {
+            let values = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                KVALUES_FP4.as_ptr() as *const __m128i
+            ));
+            _mm256_shuffle_epi8(values, nibbles(p))
+        }
+    }
+
+    /// An odd last mxfp4 block the way ggml's `vec_dot` ends: `d·Σ`, not fused.
+    #[inline]
+    unsafe fn mxfp4_odd_block(wb: *const u8, xb: *const u8) -> f32 {
+        // SAFETY: one mxfp4 block at wb and one q8_0 block at xb (caller).
+        unsafe {
+            let d = f16(xb) * e8m0_half(*wb);
+            let (mut s1, mut s2) = (0i32, 0i32);
+            for j in 0..16 {
+                let q = *wb.add(1 + j);
+                s1 += *xb.add(2 + j) as i8 as i32 * KVALUES_FP4[(q & 15) as usize] as i32;
+                s2 += *xb.add(18 + j) as i8 as i32 * KVALUES_FP4[(q >> 4) as usize] as i32;
+            }
+            d * (s1 + s2) as f32
+        }
+    }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1149,39 +1180,37 @@ mod avx2 {
                     let hi = _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(16));
                     _mm256_or_si256(nibbles(wb.add(8)), hi)
                 }),
-                DType::IQ4NL => {
-                    // even blocks into acc, odd ones into acc2 (ggml's pairs of blocks)
-                    let mut acc2 = [_mm256_setzero_ps(); 4];
-                    let mut i = 0;
-                    while i + 1 < nb {
-                        for (h, acc) in [&mut acc, &mut acc2].into_iter().enumerate() {
-                            let xb = xp.add((i + h) * 34);
-                            let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                            let wb: [*const u8; 4] =
-                                std::array::from_fn(|r| wp[r].add((i + h) * 18));
-                            let d = _mm256_castps128_ps256(_mm_mul_ps(
-                                _mm_set1_ps(f16(xb)),
-                                _mm_cvtph_ps(gather4_u16(wb)),
-                            ));
-                            for r in 0..4 {
-                                if h == 0 {
-                                    _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
-                                }
-                                let p = dot4_i8::<V>(iq4_values(wb[r].add(2)), y);
-                                let p = _mm256_cvtepi32_ps(p);
-                                acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
-                            }
-                        }
-                        i += 2;
-                    }
-                    std::array::from_fn(|r| {
-                        let mut sumf = hsum(_mm256_add_ps(acc[r], acc2[r]));
-                        if i < nb {
-                            sumf += iq4_nl_odd_block(wp[r].add(i * 18), xp.add(i * 34));
-                        }
-                        sumf
-                    })
-                }
+                // iq4_nl and mxfp4: ggml's pairs of blocks, even ones into acc and odd ones
+                // into acc2, an odd last block apart
+                DType::IQ4NL => rows4_two_acc::<V>(
+                    wp,
+                    xp,
+                    nb,
+                    18,
+                    pf,
+                    |wb| _mm_cvtph_ps(gather4_u16(wb)),
+                    |wb| iq4_values(wb.add(2)),
+                    |wb, xb| iq4_nl_odd_block(wb, xb),
+                ),
+                // E2M1 codes through ggml's kvalues_fp4 (values doubled) and half the E8M0
+                // scale, as ggml's mxfp4 `vec_dot`
+                DType::MXFP4 => rows4_two_acc::<V>(
+                    wp,
+                    xp,
+                    nb,
+                    17,
+                    pf,
+                    |wb| {
+                        _mm_setr_ps(
+                            e8m0_half(*wb[0]),
+                            e8m0_half(*wb[1]),
+                            e8m0_half(*wb[2]),
+                            e8m0_half(*wb[3]),
+                        )
+                    },
+                    |wb| fp4_values(wb.add(1)),
+                    |wb, xb| mxfp4_odd_block(wb, xb),
+                ),
                 DType::Q8_0 => {
                     for i in 0..nb {
                         let xb = xp.add(i * 34);
@@ -1242,6 +1271,55 @@ mod avx2 {
                 }
             }
             acc.map(|a| hsum(a))
+        }
+    }
+
+    /// Four rows of iq4_nl or mxfp4 (blocks of `block` bytes; `scales`: the four rows' weight
+    /// scales of a block as f32, `values`: a block's 32 signed values, `odd`: an odd last
+    /// block's `d·Σ` as ggml's generic tail computes it) as ggml's x86 `vec_dot` does them:
+    /// blocks in pairs, the even one into one accumulator and the odd one into another, the
+    /// two added before the horizontal sum, an odd last block added after it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows4_two_acc<const V: u8>(
+        wp: [*const u8; 4],
+        xp: *const u8,
+        nb: usize,
+        block: usize,
+        pf: usize,
+        scales: impl Fn([*const u8; 4]) -> __m128,
+        values: impl Fn(*const u8) -> __m256i,
+        odd: impl Fn(*const u8, *const u8) -> f32,
+    ) -> [f32; 4] {
+        // SAFETY: nb blocks of `block` bytes behind every row and nb q8_0 blocks behind xp
+        // (caller); prefetches never fault.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc2 = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 1 < nb {
+                for (h, acc) in [&mut acc, &mut acc2].into_iter().enumerate() {
+                    let xb = xp.add((i + h) * 34);
+                    let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                    let wb: [*const u8; 4] = std::array::from_fn(|r| wp[r].add((i + h) * block));
+                    let d = _mm256_castps128_ps256(_mm_mul_ps(_mm_set1_ps(f16(xb)), scales(wb)));
+                    for r in 0..4 {
+                        if h == 0 {
+                            _mm_prefetch(wb[r].add(pf) as *const i8, _MM_HINT_T0);
+                        }
+                        let p = _mm256_cvtepi32_ps(dot4_i8::<V>(values(wb[r]), y));
+                        acc[r] = _mm256_fmadd_ps(lane(d, r as i32), p, acc[r]);
+                    }
+                }
+                i += 2;
+            }
+            std::array::from_fn(|r| {
+                let mut sumf = hsum(_mm256_add_ps(acc[r], acc2[r]));
+                if i < nb {
+                    sumf += odd(wp[r].add(i * block), xp.add(i * 34));
+                }
+                sumf
+            })
         }
     }
 

@@ -83,7 +83,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
 }
 
 /// Half of the E8M0 scale, 2^(e−128), as ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
-fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     E8M0_HALF[e as usize]
 }
 

@@ -4,6 +4,11 @@
 //! mat-mat for it (llamafile's tinyBLAS, one accumulator per lane, as for q8_0; ggml's one-column
 //! `vec_dot` for iq4_nl alternates two accumulators and is not what llama.cpp computes for
 //! batches). iq4_nl's codebook values are kept as q8_0's codes are: sign masks and magnitudes.
+//! mxfp4 (E2M1 codes through ggml's `kvalues_fp4`, half the E8M0 scale) takes the same path
+//! with ggml's one-column `vec_dot` arithmetic, which is also what llama.cpp computes for its
+//! batches: even and odd blocks in two sets of lane accumulators (the kernel called on every
+//! other block of a K chunk), added lane by lane before the horizontal sum, and an odd last
+//! block's `d·Σ` added after it, unfused.
 //!
 //! ggml's AVX2 kernel for these types keeps an 8-lane f32 accumulator per (row, column): lane
 //! i receives, for every 32-element block in order, `fma(d_w·d_x, f32(p_i), acc_i)` where p_i
@@ -65,8 +70,23 @@ const KC: usize = 32;
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4NL
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::IQ4NL
+            | DType::MXFP4
     )
+}
+
+/// mxfp4 keeps ggml's `vec_dot` order (llama.cpp's batched mxfp4 is one `vec_dot` per
+/// column): even blocks into one accumulator, odd ones into a second, the two added before the
+/// horizontal sum, and an odd last block added after it as `d·Σ` (not fused). Here the two
+/// accumulators are two sets of lane accumulators per (row, group), the kernel taking every
+/// other block, and the last block's `d·Σ` goes where q4_1 keeps its Σ m·s.
+fn two_acc(t: DType) -> bool {
+    t == DType::MXFP4
 }
 
 /// The activation format pairs with m (q8_1: q4_1, q5_1).
@@ -82,7 +102,7 @@ fn bias(t: DType) -> i32 {
     match t {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
-        DType::Q8_0 | DType::IQ4NL => 128,
+        DType::Q8_0 | DType::IQ4NL | DType::MXFP4 => 128,
         _ => 0,
     }
 }
@@ -130,9 +150,9 @@ pub(crate) struct WBlock {
 
 /// Bytes of per-thread scratch: the unpacked K chunk of a chunk of rows (RCH × KC blocks) and
 /// the accumulators of those rows against a window of groups (nine vectors of eight f32 per
-/// (row, group)): 240 KiB.
+/// (row, group), twice for mxfp4): 384 KiB.
 pub fn scratch_size() -> usize {
-    RCH * KC * std::mem::size_of::<WBlock>() + RCH * GW * 9 * 32 + 64
+    RCH * KC * std::mem::size_of::<WBlock>() + 2 * RCH * GW * 9 * 32 + 64
 }
 
 /// Packs up to eight quantized columns (q8_0 or q8_1 rows of `nb` blocks; `None`: a zero
@@ -272,7 +292,7 @@ pub unsafe fn run(
         0
     };
     let wide = wide(isa, b.cols);
-    if !wide && b.groups <= FEW_GROUPS {
+    if !wide && b.groups <= FEW_GROUPS && !two_acc(t) {
         // SAFETY: forwarded.
         unsafe { run_few(vnni, t, k, rows, b) };
         return;
@@ -298,13 +318,13 @@ pub unsafe fn run(
 ///
 /// # Safety
 /// `scratch` points at [`scratch_size`] bytes that are this thread's alone; `floats` ≤
-/// RCH·GW·72.
+/// 2·RCH·GW·72 (mxfp4's two sets).
 #[cfg(target_arch = "x86_64")]
 unsafe fn split_scratch<'a>(scratch: *mut u8, floats: usize) -> (&'a mut [WBlock], &'a mut [f32]) {
-    debug_assert!(floats <= RCH * GW * 72);
+    debug_assert!(floats <= 2 * RCH * GW * 72);
     let al = scratch.align_offset(64);
-    // SAFETY: the scratch holds RCH·KC WBlocks after aligning to 64, then RCH·GW·9 vectors of
-    // eight floats (`scratch_size`; caller).
+    // SAFETY: the scratch holds RCH·KC WBlocks after aligning to 64, then 2·RCH·GW·9 vectors
+    // of eight floats (`scratch_size`; caller).
     unsafe {
         let w = scratch.add(al) as *mut WBlock;
         let acc = scratch.add(al + RCH * KC * std::mem::size_of::<WBlock>()) as *mut f32;
@@ -373,8 +393,10 @@ unsafe fn run_chunk_wide(
     let nb = k / 32;
     let nr = rows.len();
     let pairs = b.groups / 2;
+    // (mxfp4: two sets of accumulators per (row, pair))
+    let slot = if two_acc(t) { 288 } else { 144 };
     // SAFETY: nr ≤ RCH, and PW pairs hold as many floats as GW groups (caller).
-    let (wbs, accs) = unsafe { split_scratch(scratch, nr * PW * 144) };
+    let (wbs, accs) = unsafe { split_scratch(scratch, nr * PW * slot) };
     let mut p0 = 0;
     while p0 < pairs {
         let pn = PW.min(pairs - p0);
@@ -390,11 +412,26 @@ unsafe fn run_chunk_wide(
                 // SAFETY: pair p0 + q < pairs, blocks k0..k0 + kn < nb (caller).
                 let pk = unsafe { b.packed.add(((p0 + q) * nb + k0) * PAIR_BYTES) };
                 for ri in 0..nr {
-                    // SAFETY: the accumulators of (ri, q) are 144 floats inside `accs`; the CPU
-                    // has AVX-512 VNNI (caller).
+                    let wr = &wbs[ri * kn..(ri + 1) * kn];
+                    // SAFETY (this block and the calls below): the accumulators of (ri, q) are
+                    // `slot` floats inside `accs`; the blocks passed are packed at the pointers
+                    // passed; the CPU has AVX-512 VNNI (caller).
                     unsafe {
-                        let acc = accs.as_mut_ptr().add((ri * pn + q) * 144);
-                        avx512::kernel(t, &wbs[ri * kn..(ri + 1) * kn], pk, acc, k0 == 0);
+                        let acc = accs.as_mut_ptr().add((ri * pn + q) * slot);
+                        if two_acc(t) {
+                            // as in `run_chunk`
+                            let tail = k0 + kn == nb && nb % 2 == 1;
+                            let ke = if tail { kn - 1 } else { kn };
+                            avx512::kernel(t, &wr[..ke], 2, pk, acc, k0 == 0);
+                            let odd = wr.get(1..ke).unwrap_or(&[]);
+                            avx512::kernel(t, odd, 2, pk.add(PAIR_BYTES), acc.add(144), k0 == 0);
+                            if tail {
+                                let pl = pk.add((kn - 1) * PAIR_BYTES);
+                                avx512::tail(&wr[kn - 1], pl, acc.add(128));
+                            }
+                        } else {
+                            avx512::kernel(t, wr, 1, pk, acc, k0 == 0);
+                        }
                     }
                 }
             }
@@ -411,11 +448,12 @@ unsafe fn run_chunk_wide(
                 // cols for c < vc, and rows `rows` of them are this caller's.
                 unsafe {
                     avx2::finish_store(
-                        accs.as_ptr().add(q * 144 + 8 * h),
+                        accs.as_ptr().add(q * slot + 8 * h),
                         16,
-                        pn * 144,
+                        if two_acc(t) { 144 } else { 0 },
+                        pn * slot,
                         nr,
-                        with_min(t),
+                        with_min(t) || two_acc(t),
                         b.dst
                             .add((p0 * 2 * GROUP + (2 * q + h) * GROUP) * b.d_nb1 + 4 * rows.start),
                         b.d_nb1,
@@ -474,8 +512,10 @@ unsafe fn run_chunk(
 ) {
     let nb = k / 32;
     let nr = rows.len();
+    // (mxfp4: two sets of accumulators per (row, group))
+    let slot = if two_acc(t) { 144 } else { 72 };
     // SAFETY: nr ≤ RCH (caller).
-    let (wbs, accs) = unsafe { split_scratch(scratch, nr * GW * 72) };
+    let (wbs, accs) = unsafe { split_scratch(scratch, nr * GW * slot) };
     let mut g0 = 0;
     while g0 < b.groups {
         let gn = GW.min(b.groups - g0);
@@ -495,17 +535,47 @@ unsafe fn run_chunk(
                 // SAFETY: group g0 + g < groups, blocks k0..k0 + kn < nb (caller).
                 let pk = unsafe { b.packed.add(((g0 + g) * nb + k0) * PACKED) };
                 for ri in 0..nr {
-                    // SAFETY: the accumulators of (ri, g) are 72 floats inside `accs`.
-                    unsafe {
-                        let acc = accs.as_mut_ptr().add((ri * gn + g) * 72);
-                        let wr = &wbs[ri * kn..(ri + 1) * kn];
-                        if vnni == 1 {
-                            avx2::kernel_vnni(t, wr, pk, acc, k0 == 0);
-                        } else if vnni == 2 {
-                            avx2::kernel_avxvnni(t, wr, pk, acc, k0 == 0);
-                        } else {
-                            avx2::kernel(t, wr, pk, acc, k0 == 0);
+                    let wr = &wbs[ri * kn..(ri + 1) * kn];
+                    // SAFETY: the accumulators of (ri, g) are `slot` floats inside `accs`.
+                    let acc = unsafe { accs.as_mut_ptr().add((ri * gn + g) * slot) };
+                    let kernel = |wr: &[WBlock], pk: *const u8, acc: *mut f32, step: usize| {
+                        // SAFETY: wr's blocks (every step-th) are packed at pk, 72 floats at
+                        // acc; the CPU runs the kernel `vnni` names (caller).
+                        unsafe {
+                            if vnni == 1 {
+                                avx2::kernel_vnni(t, wr, step, pk, acc, k0 == 0);
+                            } else if vnni == 2 {
+                                avx2::kernel_avxvnni(t, wr, step, pk, acc, k0 == 0);
+                            } else {
+                                avx2::kernel(t, wr, step, pk, acc, k0 == 0);
+                            }
                         }
+                    };
+                    if two_acc(t) {
+                        // even blocks into the first set, odd ones into the second; K chunks
+                        // are an even number of blocks, so parity within the chunk is global
+                        let tail = k0 + kn == nb && nb % 2 == 1;
+                        let ke = if tail { kn - 1 } else { kn };
+                        kernel(&wr[..ke], pk, acc, 2);
+                        // SAFETY: block 1 of the chunk, the second set: inside pk's and acc's
+                        // (an empty slice reads nothing).
+                        unsafe {
+                            kernel(wr.get(1..ke).unwrap_or(&[]), pk.add(PACKED), acc.add(72), 2)
+                        };
+                        if tail {
+                            // SAFETY: the chunk's last block packed at pk + (kn − 1)·PACKED; the
+                            // first set's ninth vector at acc + 64.
+                            unsafe {
+                                avx2::tail(
+                                    vnni,
+                                    &wr[kn - 1],
+                                    pk.add((kn - 1) * PACKED),
+                                    acc.add(64),
+                                )
+                            };
+                        }
+                    } else {
+                        kernel(wr, pk, acc, 1);
                     }
                 }
             }
@@ -516,16 +586,17 @@ unsafe fn run_chunk(
         // contiguous in the result)
         for g in 0..gn {
             let vc = valid.saturating_sub(g * GROUP).min(GROUP);
-            // SAFETY: the accumulators of (ri, g) for ri < nr lie inside `accs`, gn·72 floats
+            // SAFETY: the accumulators of (ri, g) for ri < nr lie inside `accs`, gn·slot floats
             // apart; columns g0·8 + g·8 + c < cols for c < vc, and rows `rows` of them are this
             // caller's.
             unsafe {
                 avx2::finish_store(
-                    accs.as_ptr().add(g * 72),
+                    accs.as_ptr().add(g * slot),
                     8,
-                    gn * 72,
+                    if two_acc(t) { 72 } else { 0 },
+                    gn * slot,
                     nr,
-                    with_min(t),
+                    with_min(t) || two_acc(t),
                     b.dst
                         .add((g0 * GROUP + g * GROUP) * b.d_nb1 + 4 * rows.start),
                     b.d_nb1,
@@ -558,20 +629,22 @@ mod avx2 {
         // SAFETY: forwarded.
         unsafe {
             let mut out = [0f32; 8];
-            _mm256_storeu_ps(out.as_mut_ptr(), finish_v(acc, 8, q41));
+            _mm256_storeu_ps(out.as_mut_ptr(), finish_v(acc, 8, 0, q41));
             out
         }
     }
 
     /// `finish` for the accumulators of `nr` rows (`stride` floats apart from row to row, the
-    /// nine vectors of a row `ls` floats apart: 8, or 16 for a half of a pair), stored to the
-    /// first `vc` of the eight result columns at `dst` (`d_nb1` bytes apart, the rows
+    /// nine vectors of a row `ls` floats apart: 8, or 16 for a half of a pair; `second`: where
+    /// mxfp4's second set of eight lane vectors starts, added lane by lane first, or 0), stored
+    /// to the first `vc` of the eight result columns at `dst` (`d_nb1` bytes apart, the rows
     /// contiguous f32): eight rows at a time transposed in registers, one store per column.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn finish_store(
         acc: *const f32,
         ls: usize,
+        second: usize,
         stride: usize,
         nr: usize,
         q41: bool,
@@ -587,7 +660,7 @@ mod avx2 {
                 let n8 = (nr - r0).min(8);
                 let v: [__m256; 8] = std::array::from_fn(|j| {
                     if j < n8 {
-                        finish_v(acc.add((r0 + j) * stride), ls, q41)
+                        finish_v(acc.add((r0 + j) * stride), ls, second, q41)
                     } else {
                         _mm256_setzero_ps()
                     }
@@ -616,10 +689,19 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn finish_v(acc: *const f32, ls: usize, q41: bool) -> __m256 {
-        // SAFETY: 9 vectors of 8 readable floats, ls apart, at acc (caller).
+    unsafe fn finish_v(acc: *const f32, ls: usize, second: usize, q41: bool) -> __m256 {
+        // SAFETY: 9 vectors of 8 readable floats, ls apart, at acc, and 8 at acc + second if
+        // second > 0 (caller).
         unsafe {
-            let a: [__m256; 9] = std::array::from_fn(|i| _mm256_loadu_ps(acc.add(ls * i)));
+            let a: [__m256; 9] = std::array::from_fn(|i| {
+                let v = _mm256_loadu_ps(acc.add(ls * i));
+                if second > 0 && i < 8 {
+                    // ggml's _mm256_add_ps(accum1, accum2)
+                    _mm256_add_ps(v, _mm256_loadu_ps(acc.add(second + ls * i)))
+                } else {
+                    v
+                }
+            });
             let r0 = _mm256_add_ps(a[0], a[4]);
             let r1 = _mm256_add_ps(a[1], a[5]);
             let r2 = _mm256_add_ps(a[2], a[6]);
@@ -691,6 +773,27 @@ mod avx2 {
                     o.d = f16(w);
                     o.m = 0.0;
                 }
+                DType::MXFP4 => {
+                    // ggml's kvalues_fp4 (the E2M1 values doubled) and half the E8M0 scale,
+                    // then as iq4_nl's values
+                    let table = _mm_loadu_si128(
+                        crate::ops::qdot_fp::KVALUES_FP4.as_ptr() as *const __m128i
+                    );
+                    let c = _mm_loadu_si128(w.add(1) as *const __m128i);
+                    let m4 = _mm_set1_epi8(15);
+                    let lo = _mm_shuffle_epi8(table, _mm_and_si128(c, m4));
+                    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(c), m4));
+                    let q = _mm256_set_m128i(hi, lo);
+                    if vnni {
+                        _mm256_storeu_si256(qp, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));
+                    } else {
+                        _mm256_storeu_si256(qp, _mm256_cmpgt_epi8(_mm256_setzero_si256(), q));
+                        let aq = o.aq.as_mut_ptr() as *mut __m256i;
+                        _mm256_storeu_si256(aq, _mm256_sign_epi8(q, q));
+                    }
+                    o.d = crate::ops::qdot_fp::e8m0_half(*w);
+                    o.m = 0.0;
+                }
                 _ => unreachable!("checked by supported"),
             }
         }
@@ -703,7 +806,7 @@ mod avx2 {
             match $t {
                 DType::Q4_0 | DType::Q5_0 => $f::<0, V>($($arg),*),
                 DType::Q4_1 => $f::<1, V>($($arg),*),
-                DType::Q8_0 | DType::IQ4NL => $f::<2, V>($($arg),*),
+                DType::Q8_0 | DType::IQ4NL | DType::MXFP4 => $f::<2, V>($($arg),*),
                 DType::Q5_1 => $f::<3, V>($($arg),*),
                 _ => unreachable!("checked by supported"),
             }
@@ -814,12 +917,31 @@ mod avx2 {
     ) -> __m256 {
         // SAFETY: one packed block at pb (caller).
         unsafe {
+            // (q5_1's kernel multiplies in the other order; the fused product is the same)
+            _mm256_fmadd_ps(
+                dd,
+                _mm256_cvtepi32_ps(lane_ints::<T, V>(wb, pb, i, ones)),
+                ai,
+            )
+        }
+    }
+
+    /// The exact integer sums of lane `i`'s four products for the eight columns.
+    #[inline(always)]
+    unsafe fn lane_ints<const T: u8, const V: u8>(
+        wb: &WBlock,
+        pb: *const u8,
+        i: usize,
+        ones: __m256i,
+    ) -> __m256i {
+        // SAFETY: one packed block at pb (caller).
+        unsafe {
             let x = _mm256_loadu_si256(pb.add(32 * i) as *const __m256i);
             let wv = _mm256_set1_epi32((wb.q.as_ptr().add(4 * i) as *const i32).read_unaligned());
             // −bias·Σx of the lane's four activations per column (q4_0, q5_0; q8_0 and iq4_nl
             // with VNNI)
             let aux = || _mm256_loadu_si256(pb.add(OFF_AUX + 32 * i) as *const __m256i);
-            let s = if V != 0 {
+            if V != 0 {
                 // q4_0 / q5_0 (T 0), and q8_0 / iq4_nl (T 2) stored as w + 128: from the
                 // packed −bias·Σ x, Σ (w + bias)·x − bias·Σ x = Σ w·x exactly. For q8_0 that is
                 // one instruction where ggml's |w|·sign(x, w) takes three, with the same p_i
@@ -847,55 +969,113 @@ mod avx2 {
                 } else {
                     p
                 }
-            };
-            // (q5_1's kernel multiplies in the other order; the fused product is the same)
-            _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), ai)
+            }
         }
     }
 
-    /// The blocks `wbs` of one row against one packed group's matching blocks, accumulated
-    /// into the nine vectors at `acc` (eight lanes of ggml's accumulator, then q4_1's Σ m·s);
-    /// `fresh`: the accumulators start from zero (the first K chunk) instead of from `acc`.
+    /// Blocks 0, step, 2·step, … of `wbs` (one row's) against one packed group's matching
+    /// blocks (block j at `p + j·PACKED`), accumulated into the nine vectors at `acc` (eight
+    /// lanes of ggml's accumulator, then q4_1's Σ m·s); `fresh`: the accumulators start from
+    /// zero (the first K chunk) instead of from `acc`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+    pub unsafe fn kernel(
+        t: DType,
+        wbs: &[WBlock],
+        step: usize,
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: forwarded.
-        unsafe { kernel_in::<0>(t, wbs, p, acc, fresh) }
+        unsafe { kernel_in::<0>(t, wbs, step, p, acc, fresh) }
     }
 
     /// [`kernel`] with AVX-512 VNNI (the same integers, so the same results).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn kernel_vnni(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+    pub unsafe fn kernel_vnni(
+        t: DType,
+        wbs: &[WBlock],
+        step: usize,
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: forwarded.
-        unsafe { kernel_in::<1>(t, wbs, p, acc, fresh) }
+        unsafe { kernel_in::<1>(t, wbs, step, p, acc, fresh) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     pub unsafe fn kernel_avxvnni(
         t: DType,
         wbs: &[WBlock],
+        step: usize,
         p: *const u8,
         acc: *mut f32,
         fresh: bool,
     ) {
         // SAFETY: forwarded.
-        unsafe { kernel_in::<2>(t, wbs, p, acc, fresh) }
+        unsafe { kernel_in::<2>(t, wbs, step, p, acc, fresh) }
     }
 
     #[inline(always)]
     unsafe fn kernel_in<const V: u8>(
         t: DType,
         wbs: &[WBlock],
+        step: usize,
         p: *const u8,
         acc: *mut f32,
         fresh: bool,
     ) {
-        // SAFETY: forwarded (wbs.len() packed blocks at p; 72 floats at acc).
-        unsafe { by_variant!(t, body(wbs, p, acc, fresh)) }
+        // SAFETY: forwarded (the blocks taken from wbs packed at p; 72 floats at acc).
+        unsafe { by_variant!(t, body(wbs, step, p, acc, fresh)) }
+    }
+
+    /// mxfp4's odd last block (`wb`, packed at `p`) for the eight columns: `d·Σ` of its 32
+    /// products, rounded once, stored as the eight floats at `out` (ggml's `sumf += d *
+    /// (sumi1 + sumi2)`, added after the horizontal sum). `vnni` as for the kernels.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tail(vnni: u8, wb: &WBlock, p: *const u8, out: *mut f32) {
+        // SAFETY: forwarded; the VNNI variants only where the caller found the instructions.
+        unsafe {
+            match vnni {
+                1 => tail_vnni(wb, p, out),
+                2 => tail_avxvnni(wb, p, out),
+                _ => tail_in::<0>(wb, p, out),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tail_vnni(wb: &WBlock, p: *const u8, out: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { tail_in::<1>(wb, p, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn tail_avxvnni(wb: &WBlock, p: *const u8, out: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { tail_in::<2>(wb, p, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn tail_in<const V: u8>(wb: &WBlock, p: *const u8, out: *mut f32) {
+        // SAFETY: one packed block at p, 8 writable floats at out (caller).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut sum = _mm256_setzero_si256();
+            for i in 0..8 {
+                sum = _mm256_add_epi32(sum, lane_ints::<2, V>(wb, p, i, ones));
+            }
+            let xd = _mm256_loadu_ps(p.add(OFF_D) as *const f32);
+            let dd = _mm256_mul_ps(_mm256_set1_ps(wb.d), xd);
+            _mm256_storeu_ps(out, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(sum)));
+        }
     }
 
     #[inline(always)]
     unsafe fn body<const T: u8, const V: u8>(
         wbs: &[WBlock],
+        step: usize,
         p: *const u8,
         acc: *mut f32,
         fresh: bool,
@@ -912,8 +1092,8 @@ mod avx2 {
             };
             let mut a: [__m256; 8] = std::array::from_fn(load);
             let mut summs = load(8);
-            for (j, wb) in wbs.iter().enumerate() {
-                block_step::<T, V>(wb, p.add(j * PACKED), ones, &mut a, &mut summs);
+            for j in (0..wbs.len()).step_by(step) {
+                block_step::<T, V>(&wbs[j], p.add(j * PACKED), ones, &mut a, &mut summs);
             }
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(acc.add(8 * i), *ai);
@@ -935,28 +1115,66 @@ mod avx512 {
 
     use super::{WBlock, OFF_AUX, OFF_D, OFF_S, PAIR_BYTES};
 
-    /// The blocks `wbs` of one row against one packed pair's matching blocks, accumulated into
-    /// the nine 16-float vectors at `acc`; `fresh`: starting from zero instead of from `acc`.
+    /// Blocks 0, step, 2·step, … of `wbs` (one row's) against one packed pair's matching
+    /// blocks (block j at `p + j·PAIR_BYTES`), accumulated into the nine 16-float vectors at
+    /// `acc`; `fresh`: starting from zero instead of from `acc`.
     ///
     /// # Safety
-    /// `wbs.len()` pair blocks readable at `p`, 144 floats at `acc`; the CPU has AVX-512
-    /// F/BW/VL and VNNI.
+    /// The blocks taken are packed at `p`, 144 floats at `acc`; the CPU has AVX-512 F/BW/VL
+    /// and VNNI.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn kernel(t: DType, wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+    pub unsafe fn kernel(
+        t: DType,
+        wbs: &[WBlock],
+        step: usize,
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: forwarded.
         unsafe {
             match t {
-                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, p, acc, fresh),
-                DType::Q4_1 => body::<1>(wbs, p, acc, fresh),
-                DType::Q8_0 | DType::IQ4NL => body::<2>(wbs, p, acc, fresh),
-                DType::Q5_1 => body::<3>(wbs, p, acc, fresh),
+                DType::Q4_0 | DType::Q5_0 => body::<0>(wbs, step, p, acc, fresh),
+                DType::Q4_1 => body::<1>(wbs, step, p, acc, fresh),
+                DType::Q8_0 | DType::IQ4NL | DType::MXFP4 => body::<2>(wbs, step, p, acc, fresh),
+                DType::Q5_1 => body::<3>(wbs, step, p, acc, fresh),
                 _ => unreachable!("checked by supported"),
             }
         }
     }
 
+    /// `avx2::tail` for a pair of groups: mxfp4's odd last block `d·Σ`, sixteen columns, at
+    /// `out`.
+    ///
+    /// # Safety
+    /// One pair block at `p`, 16 writable floats at `out`; the CPU has AVX-512 F/BW/VL and
+    /// VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tail(wb: &WBlock, p: *const u8, out: *mut f32) {
+        // SAFETY: as documented.
+        unsafe {
+            let mut sum = _mm512_setzero_si512();
+            for i in 0..8 {
+                let x = _mm512_loadu_si512(p.add(64 * i) as *const _);
+                let wv =
+                    _mm512_set1_epi32((wb.q.as_ptr().add(4 * i) as *const i32).read_unaligned());
+                let start = _mm512_loadu_si512(p.add(2 * OFF_AUX + 64 * i) as *const _);
+                sum = _mm512_add_epi32(sum, _mm512_dpbusd_epi32(start, wv, x));
+            }
+            let xd = _mm512_loadu_ps(p.add(2 * OFF_D) as *const f32);
+            let dd = _mm512_mul_ps(_mm512_set1_ps(wb.d), xd);
+            _mm512_storeu_ps(out, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(sum)));
+        }
+    }
+
     #[inline(always)]
-    unsafe fn body<const T: u8>(wbs: &[WBlock], p: *const u8, acc: *mut f32, fresh: bool) {
+    unsafe fn body<const T: u8>(
+        wbs: &[WBlock],
+        step: usize,
+        p: *const u8,
+        acc: *mut f32,
+        fresh: bool,
+    ) {
         // SAFETY: as `kernel`.
         unsafe {
             let load = |i: usize| {
@@ -968,7 +1186,8 @@ mod avx512 {
             };
             let mut a: [__m512; 8] = std::array::from_fn(load);
             let mut summs = load(8);
-            for (j, wb) in wbs.iter().enumerate() {
+            for j in (0..wbs.len()).step_by(step) {
+                let wb = &wbs[j];
                 let pb = p.add(j * PAIR_BYTES);
                 // the same steps as the AVX2 kernel's `block_step` and `lane_step` (VNNI)
                 let xd = _mm512_loadu_ps(pb.add(2 * OFF_D) as *const f32);
