@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 [ "$(uname -m)" = x86_64 ] || { echo "test-avx512: x86_64 only" >&2; exit 2; }
 
-tests=(--lib --test qdot --test qdot_tiles --test qgemm_0 --test qgemm_k)
+tests=(--lib --test qdot --test qdot_fp --test qdot_tiles --test qgemm_0 --test qgemm_k)
 # (the build's messages are printed once it is done: `tee /dev/stderr` would reopen, and so
 # truncate, a log file that stderr is redirected to)
 build=$(cargo test -p tessera-cpu --no-run "${tests[@]}" 2>&1) || { echo "$build" >&2; exit 1; }
@@ -35,6 +35,7 @@ run() {
 run "$(bin tessera_cpu)" qdot:: matmul_quant:: qgemm
 run "$(bin qdot)"
 run "$(bin qdot_tiles)"
+run "$(bin qdot_fp)" four_row_kernel_of_mxfp4
 run "$(bin qgemm_0)" every_element q8_0_extreme_codes strided_columns iq4_nl_equals_ggml
 run "$(bin qgemm_k)" equals_ggml_bit_for_bit
 echo "test-avx512: every AVX-512 VNNI run passed" >&2
