@@ -73,44 +73,11 @@ fn avx2_is_bit_exact_with_ggml() {
 /// this CPU's instruction set and the AVX2 one; the scalar path row by row as `vec_dot`.
 #[test]
 fn four_row_kernels_of_q5_and_iq4_nl_equal_ggml() {
-    use tessera_cpu::ops::matmul_quant::vec_dot4;
     let cases = fixture();
     let mut checked = 0;
     for t in [DType::Q5_0, DType::Q5_1, DType::IQ4NL] {
         let of_t = cases_of(&cases, t, &[96, 256, 288, 1056]);
-        for (ci, c) in of_t.iter().enumerate() {
-            let others: Vec<&&Case> = of_t
-                .iter()
-                .cycle()
-                .skip(ci + 1)
-                .filter(|o| o.k == c.k)
-                .take(3)
-                .collect();
-            let rows = [&c.w[..], &others[0].w, &others[1].w, &others[2].w];
-            for isa in [Isa::Scalar, Isa::Avx2, tessera_cpu::simd::isa()] {
-                if isa != Isa::Scalar && !has_avx2() {
-                    continue;
-                }
-                for pf in [0, 64, 4096] {
-                    let four = vec_dot4(isa, t, rows, &c.x, c.k, pf);
-                    for (r, row) in rows.iter().enumerate() {
-                        let one = vec_dot(isa, t, row, &c.x, c.k);
-                        assert_eq!(
-                            four[r].to_bits(),
-                            one.to_bits(),
-                            "{t} k={} pattern {} row {r} {isa:?}: {} vs vec_dot {one}",
-                            c.k,
-                            c.pattern,
-                            four[r]
-                        );
-                    }
-                    if isa != Isa::Scalar {
-                        assert_eq!(four[0].to_bits(), c.avx2.to_bits(), "{t} k={} vs ggml", c.k);
-                        checked += 1;
-                    }
-                }
-            }
-        }
+        checked += check_four_rows(t, &of_t, &[0, 64, 4096]);
     }
     assert!(!has_avx2() || checked >= 3 * 15 * 3);
 }

@@ -290,42 +290,8 @@ fn rejects_unsupported_types() {
 /// row by row as `vec_dot`.
 #[test]
 fn four_row_kernel_of_mxfp4_equals_ggml() {
-    use tessera_cpu::ops::matmul_quant::vec_dot4;
     let cases = fixture();
     let of_t = cases_of(&cases, DType::MXFP4, &[32, 96, 256, 1056]);
-    let mut checked = 0;
-    for (ci, c) in of_t.iter().enumerate() {
-        let others: Vec<&&Case> = of_t
-            .iter()
-            .cycle()
-            .skip(ci + 1)
-            .filter(|o| o.k == c.k)
-            .take(3)
-            .collect();
-        let rows = [&c.w[..], &others[0].w, &others[1].w, &others[2].w];
-        for isa in [Isa::Scalar, Isa::Avx2, tessera_cpu::simd::isa()] {
-            if isa != Isa::Scalar && !has_avx2() {
-                continue;
-            }
-            for pf in [0, 4096] {
-                let four = vec_dot4(isa, DType::MXFP4, rows, &c.x, c.k, pf);
-                for (r, row) in rows.iter().enumerate() {
-                    let one = vec_dot(isa, DType::MXFP4, row, &c.x, c.k);
-                    assert_eq!(
-                        four[r].to_bits(),
-                        one.to_bits(),
-                        "k={} pattern {} row {r} {isa:?}: {} vs vec_dot {one}",
-                        c.k,
-                        c.pattern,
-                        four[r]
-                    );
-                }
-                if isa != Isa::Scalar {
-                    assert_eq!(four[0].to_bits(), c.avx2.to_bits(), "k={} vs ggml", c.k);
-                    checked += 1;
-                }
-            }
-        }
-    }
+    let checked = check_four_rows(DType::MXFP4, &of_t, &[0, 4096]);
     assert!(!has_avx2() || checked >= 4 * of_t.len());
 }

@@ -954,7 +954,7 @@ mod avx2 {
     use tessera::DType;
 
     use crate::ops::qdot::avx2::{
-        bits_to_bytes, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, nibbles,
+        bits_to_bytes, codebook_odd_block, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, nibbles,
     };
     use crate::ops::qdot_fp::{e8m0_half, KVALUES_FP4};
 
@@ -976,16 +976,7 @@ mod avx2 {
     #[inline]
     unsafe fn mxfp4_odd_block(wb: *const u8, xb: *const u8) -> f32 {
         // SAFETY: one mxfp4 block at wb and one q8_0 block at xb (caller).
-        unsafe {
-            let d = f16(xb) * e8m0_half(*wb);
-            let (mut s1, mut s2) = (0i32, 0i32);
-            for j in 0..16 {
-                let q = *wb.add(1 + j);
-                s1 += *xb.add(2 + j) as i8 as i32 * KVALUES_FP4[(q & 15) as usize] as i32;
-                s2 += *xb.add(18 + j) as i8 as i32 * KVALUES_FP4[(q >> 4) as usize] as i32;
-            }
-            d * (s1 + s2) as f32
-        }
+        unsafe { codebook_odd_block(f16(xb) * e8m0_half(*wb), wb.add(1), xb, &KVALUES_FP4) }
     }
 
     #[inline]

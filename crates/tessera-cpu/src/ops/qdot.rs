@@ -1203,13 +1203,26 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn iq4_nl_odd_block(wb: *const u8, xb: *const u8) -> f32 {
         // SAFETY: one iq4_nl block at wb and one q8_0 block at xb (caller).
+        unsafe { codebook_odd_block(f16(xb) * f16(wb), wb.add(2), xb, &KVALUES_IQ4NL) }
+    }
+
+    /// The generic tail of a 4-bit codebook block (iq4_nl, mxfp4): `d·Σ` of its 16 code bytes at
+    /// `codes` (low nibbles against the q8_0 block's first 16 values, high ones against the
+    /// last 16) through `table`, the multiply not fused.
+    #[inline]
+    pub(crate) unsafe fn codebook_odd_block(
+        d: f32,
+        codes: *const u8,
+        xb: *const u8,
+        table: &[i8; 16],
+    ) -> f32 {
+        // SAFETY: 16 code bytes at codes and one q8_0 block at xb (caller).
         unsafe {
-            let d = f16(xb) * f16(wb);
             let (mut s1, mut s2) = (0i32, 0i32);
             for j in 0..16 {
-                let q = *wb.add(2 + j);
-                s1 += *xb.add(2 + j) as i8 as i32 * KVALUES_IQ4NL[(q & 15) as usize] as i32;
-                s2 += *xb.add(18 + j) as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+                let q = *codes.add(j);
+                s1 += *xb.add(2 + j) as i8 as i32 * table[(q & 15) as usize] as i32;
+                s2 += *xb.add(18 + j) as i8 as i32 * table[(q >> 4) as usize] as i32;
             }
             d * (s1 + s2) as f32
         }

@@ -177,3 +177,47 @@ pub fn assert_paths_differ(of_t: &[&Case], t: DType) {
         "{t}: ggml's two paths agree on every case"
     );
 }
+
+/// The four-row mat-vec kernel (`matmul_quant::vec_dot4`) on every case of `of_t` (one type),
+/// each case's row next to the three that follow it with its `k` (itself again where there are
+/// fewer): every row's result equals `vec_dot`'s bits, on the scalar path, the AVX2 one and this
+/// CPU's, for each prefetch distance in `pfs`; on the SIMD paths the case's row also equals
+/// ggml's AVX2 result. Returns how many SIMD comparisons with ggml were made.
+pub fn check_four_rows(t: DType, of_t: &[&Case], pfs: &[usize]) -> usize {
+    use tessera_cpu::ops::matmul_quant::vec_dot4;
+    let mut checked = 0;
+    for (ci, c) in of_t.iter().enumerate() {
+        let others: Vec<&&Case> = of_t
+            .iter()
+            .cycle()
+            .skip(ci + 1)
+            .filter(|o| o.k == c.k)
+            .take(3)
+            .collect();
+        let rows = [&c.w[..], &others[0].w, &others[1].w, &others[2].w];
+        for isa in [Isa::Scalar, Isa::Avx2, tessera_cpu::simd::isa()] {
+            if isa != Isa::Scalar && !has_avx2() {
+                continue;
+            }
+            for &pf in pfs {
+                let four = vec_dot4(isa, t, rows, &c.x, c.k, pf);
+                for (r, row) in rows.iter().enumerate() {
+                    let one = vec_dot(isa, t, row, &c.x, c.k);
+                    assert_eq!(
+                        four[r].to_bits(),
+                        one.to_bits(),
+                        "{t} k={} pattern {} row {r} {isa:?}: {} vs vec_dot {one}",
+                        c.k,
+                        c.pattern,
+                        four[r]
+                    );
+                }
+                if isa != Isa::Scalar {
+                    assert_eq!(four[0].to_bits(), c.avx2.to_bits(), "{t} k={} vs ggml", c.k);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    checked
+}
