@@ -46,7 +46,11 @@
 //! broadcast from the unpacked block, `avx2::to_signed`) instead of a 64-byte load of
 //! −bias·Σx per `vpdpbusd`. The integers are the same; the packed pair block shrinks from
 //! 1152 to 640 bytes, and q4_0/q5_0/q8_0/iq4_nl/mxfp4 4096²×512 went up 1.08-1.21x on one
-//! thread of an Ice Lake Xeon (q4_1, whose block lost only unused bytes, 1.18x).
+//! thread of an Ice Lake Xeon (q4_1, whose block lost only unused bytes, 1.18x). Since then
+//! the kernel takes two weight rows a call (`avx512::kernel2`, all types but mxfp4), so each
+//! 64-byte activation load serves two `vpdpbusd`: another 1.16-1.28x on one thread and
+//! 1.13-1.36x on two there (q4_0, q4_1, q8_0, iq4_nl; 4096² and 576×1536 × 512). Before the
+//! swap, on the AMX Xeon, two rows a call had been 5-10 % slower.
 
 use tessera::DType;
 
@@ -443,6 +447,35 @@ unsafe fn run_chunk_wide(
             for q in 0..pn {
                 // SAFETY: pair p0 + q < pairs, blocks k0..k0 + kn < nb (caller).
                 let pk = unsafe { b.packed.add(((p0 + q) * nb + k0) * PAIR_BYTES) };
+                if !two_acc(t) {
+                    // two rows a call, sharing each activation load
+                    let mut ri = 0;
+                    while ri + 1 < nr {
+                        // SAFETY: as below, for rows ri and ri + 1.
+                        unsafe {
+                            let a0 = accs.as_mut_ptr().add((ri * pn + q) * slot);
+                            let a1 = accs.as_mut_ptr().add(((ri + 1) * pn + q) * slot);
+                            let (w0, w1) = (
+                                &wbs[ri * kn..(ri + 1) * kn],
+                                &wbs[(ri + 1) * kn..(ri + 2) * kn],
+                            );
+                            if with_min(t) {
+                                avx512::kernel2::<1>(w0, w1, pk, [a0, a1], k0 == 0);
+                            } else {
+                                avx512::kernel2::<0>(w0, w1, pk, [a0, a1], k0 == 0);
+                            }
+                        }
+                        ri += 2;
+                    }
+                    if ri < nr {
+                        // SAFETY: as below.
+                        unsafe {
+                            let acc = accs.as_mut_ptr().add((ri * pn + q) * slot);
+                            avx512::kernel(t, &wbs[ri * kn..(ri + 1) * kn], 1, pk, acc, k0 == 0);
+                        }
+                    }
+                    continue;
+                }
                 for ri in 0..nr {
                     let wr = &wbs[ri * kn..(ri + 1) * kn];
                     // SAFETY (this block and the calls below): the accumulators of (ri, q) are
@@ -1204,6 +1237,73 @@ mod avx512 {
                 DType::Q5_1 => body::<3>(wbs, step, p, acc, fresh),
                 _ => unreachable!("checked by supported"),
             }
+        }
+    }
+
+    /// [`kernel`] (step 1) for two rows' blocks `w0`, `w1` (of equal length) at once, into
+    /// their accumulators `acc`: each activation load serves both rows; every lane of every
+    /// column goes through the same operations as in `kernel`. `T`: 1 for q4_1 / q5_1 (codes
+    /// unsigned, Σ m·s), 0 for the types with a bias (q4_0, q5_0, q8_0, iq4_nl).
+    ///
+    /// # Safety
+    /// As `kernel`, for both rows.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn kernel2<const T: u8>(
+        w0: &[WBlock],
+        w1: &[WBlock],
+        p: *const u8,
+        acc: [*mut f32; 2],
+        fresh: bool,
+    ) {
+        // SAFETY: as documented.
+        unsafe {
+            let load = |r: usize, i: usize| {
+                if fresh {
+                    _mm512_setzero_ps()
+                } else {
+                    _mm512_loadu_ps(acc[r].add(16 * i))
+                }
+            };
+            let mut a0: [__m512; 8] = std::array::from_fn(|i| load(0, i));
+            let mut a1: [__m512; 8] = std::array::from_fn(|i| load(1, i));
+            let mut s0 = load(0, 8);
+            let mut s1 = load(1, 8);
+            let n = w0.len().min(w1.len());
+            for j in 0..n {
+                let (b0, b1) = (&w0[j], &w1[j]);
+                let pb = p.add(j * PAIR_BYTES);
+                let xd = _mm512_loadu_ps(pb.add(WIDE_OFF_D) as *const f32);
+                let dd0 = _mm512_mul_ps(_mm512_set1_ps(b0.d), xd);
+                let dd1 = _mm512_mul_ps(_mm512_set1_ps(b1.d), xd);
+                if T == 1 {
+                    let xs = _mm512_loadu_ps(pb.add(WIDE_OFF_S) as *const f32);
+                    s0 = _mm512_fmadd_ps(_mm512_set1_ps(b0.m), xs, s0);
+                    s1 = _mm512_fmadd_ps(_mm512_set1_ps(b1.m), xs, s1);
+                }
+                for i in 0..8 {
+                    let x = _mm512_loadu_si512(pb.add(64 * i) as *const _);
+                    let (p0, p1) = if T == 0 {
+                        (
+                            _mm512_dpbusd_epi32(bcast(&b0.aq, i), x, bcast(&b0.q, i)),
+                            _mm512_dpbusd_epi32(bcast(&b1.aq, i), x, bcast(&b1.q, i)),
+                        )
+                    } else {
+                        let z = _mm512_setzero_si512();
+                        (
+                            _mm512_dpbusd_epi32(z, bcast(&b0.q, i), x),
+                            _mm512_dpbusd_epi32(z, bcast(&b1.q, i), x),
+                        )
+                    };
+                    a0[i] = _mm512_fmadd_ps(dd0, _mm512_cvtepi32_ps(p0), a0[i]);
+                    a1[i] = _mm512_fmadd_ps(dd1, _mm512_cvtepi32_ps(p1), a1[i]);
+                }
+            }
+            for i in 0..8 {
+                _mm512_storeu_ps(acc[0].add(16 * i), a0[i]);
+                _mm512_storeu_ps(acc[1].add(16 * i), a1[i]);
+            }
+            _mm512_storeu_ps(acc[0].add(128), s0);
+            _mm512_storeu_ps(acc[1].add(128), s1);
         }
     }
 
