@@ -172,7 +172,7 @@ pub fn pack_group(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize, out: &mut 
     check_cols(t, cols, nb);
     assert!(out.len() >= nb * PACKED, "qgemm_0: packed group too short");
     for b in 0..nb {
-        pack_block(t, cols, b, &mut out[b * PACKED..(b + 1) * PACKED]);
+        pack_block(t, cols, b, &mut out[b * PACKED..(b + 1) * PACKED], true);
     }
 }
 
@@ -231,7 +231,7 @@ pub unsafe fn pack_half(
     let flip = if bias(t) != 0 { 0x80 } else { 0 };
     let mut blk = [0u8; PACKED];
     for b in 0..nb {
-        pack_block(t, cols, b, &mut blk);
+        pack_block(t, cols, b, &mut blk, false);
         // the eight activation pieces (+ 128 where the type has a bias), then d and s
         for q in (0..8).chain([OFF_D / 32, OFF_S / 32]) {
             let mut piece = [0u8; 32];
@@ -264,10 +264,12 @@ fn check_cols(t: DType, cols: &[Option<&[u8]>; GROUP], nb: usize) {
 }
 
 /// Block `b` of the columns, packed into `o` (`PACKED` bytes; for q4_1 / q5_1 the unused
-/// sums are left as they are).
-fn pack_block(t: DType, cols: &[Option<&[u8]>; GROUP], b: usize, o: &mut [u8]) {
+/// sums are left as they are; `aux`: write the −bias·Σx sums, which only the 256-bit layout
+/// reads).
+fn pack_block(t: DType, cols: &[Option<&[u8]>; GROUP], b: usize, o: &mut [u8], aux: bool) {
     let (bs, qs) = if with_min(t) { (36, 4) } else { (34, 2) };
-    let bias = bias(t);
+    // (the AVX-512 pair layout keeps no −bias·Σx sums)
+    let bias = if aux { bias(t) } else { 0 };
     for (c, col) in cols.iter().enumerate() {
         let x = col.map(|col| &col[b * bs..(b + 1) * bs]);
         for i in 0..8 {
