@@ -395,7 +395,22 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
                 };
                 let out = |j: usize, r: usize| ctx.dst.add(d_off + j * d.nb[1] + r * 4) as *mut f32;
-                for q in 0..quarter {
+                let mut q0 = 0;
+                if n == 1 {
+                    // one column: eight rows a call, the next row of each quarter's stream
+                    // too (the AVX-512 kernels take four rows to a vector; elsewhere this is
+                    // the two four-row calls of the loop below)
+                    while q0 + 2 <= quarter {
+                        let im: [usize; 8] =
+                            std::array::from_fn(|j| rows.start + q0 + j / 4 + (j % 4) * quarter);
+                        let v = vec_dot8(ctx.isa, a.dtype, im.map(row), qcol(0), k, pf_near);
+                        for (&r, y) in im.iter().zip(v) {
+                            *out(0, r) = y;
+                        }
+                        q0 += 2;
+                    }
+                }
+                for q in q0..quarter {
                     let im: [usize; 4] = std::array::from_fn(|j| rows.start + q + j * quarter);
                     four_row_tiles(
                         ctx.isa,
@@ -819,6 +834,21 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
     }
     let _ = pf; // only the AVX2 kernel prefetches
     w.map(|r| vec_dot(isa, t, r, x, k))
+}
+
+/// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1 and iq4_nl (prefetching
+/// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead).
+pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if vnni(isa) && super::qgemv_0::supported(t) {
+        // SAFETY: `vnni` says the CPU has AVX-512 F/BW/VL and VNNI (and AVX2, FMA, F16C); the
+        // rows and x hold k/32 blocks of their formats (the callers' layouts).
+        return unsafe { super::qgemv_0::vec_dot8(t, w, x, k) };
+    }
+    let a = vec_dot4(isa, t, [w[0], w[1], w[2], w[3]], x, k, pf);
+    let b = vec_dot4(isa, t, [w[4], w[5], w[6], w[7]], x, k, pf);
+    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
 }
 
 /// Four weight rows against two activation rows: `out[c][r]`, each bit-identical to `vec_dot`.
@@ -1838,6 +1868,105 @@ mod tests {
                     want.to_bits(),
                     "{t} case {case}: simd {got} vs scalar {want}"
                 );
+            }
+        }
+    }
+
+    /// The eight-row mat-vec kernels (AVX-512's `qgemv_0` where the CPU has it, two four-row
+    /// calls elsewhere) give every row `vec_dot`'s bits: weights straight from random bytes
+    /// (every code) and from the quantizer, activations at ±127 and random, block counts odd
+    /// and even (iq4_nl's odd last block), every instruction set this CPU runs.
+    #[test]
+    fn eight_row_kernel_equals_vec_dot() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| {
+                i == Isa::Scalar || (crate::simd::isa() >= i && crate::simd::isa() != Isa::Neon)
+            })
+            .chain([crate::simd::isa()])
+            .collect();
+        for t in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::IQ4NL,
+            DType::Q8_0,
+            DType::Q5_0,
+        ] {
+            let vdt = vec_dot_type(t);
+            let (ws, xs) = (t.type_size(), vdt.type_size());
+            for nb in [1usize, 2, 3, 8, 37] {
+                let k = 32 * nb;
+                for case in 0..3 {
+                    let rows: Vec<Vec<u8>> = (0..8)
+                        .map(|r| {
+                            if case == 2 {
+                                let v: Vec<f32> = (0..k)
+                                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                                    .collect();
+                                let mut q = vec![0u8; t.row_size(k).unwrap()];
+                                tessera_quants::quantize_row(t.id(), &v, &mut q, None).unwrap();
+                                return q;
+                            }
+                            let mut w: Vec<u8> = (0..nb * ws).map(|_| next() as u8).collect();
+                            for b in 0..nb {
+                                let d = (0.01 + (next() % 1000) as f32 / 500.0)
+                                    * if (r + b) % 3 == 0 { -1.0 } else { 1.0 };
+                                w[b * ws..b * ws + 2].copy_from_slice(
+                                    &half::f16::from_f32(d).to_bits().to_le_bytes(),
+                                );
+                                if t == DType::Q4_1 {
+                                    let m = (next() % 1000) as f32 / 300.0 - 1.5;
+                                    w[b * ws + 2..b * ws + 4].copy_from_slice(
+                                        &half::f16::from_f32(m).to_bits().to_le_bytes(),
+                                    );
+                                }
+                            }
+                            w
+                        })
+                        .collect();
+                    let mut x = vec![0u8; nb * xs];
+                    let qoff = xs - 32;
+                    for b in 0..nb {
+                        let blk = &mut x[b * xs..(b + 1) * xs];
+                        let d = 0.001 + (next() % 1000) as f32 / 7000.0;
+                        blk[0..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                        let mut sum = 0i32;
+                        for (j, y) in blk[qoff..].iter_mut().enumerate() {
+                            let v = match case {
+                                0 => ((next() % 255) as i32) - 127,
+                                _ if j % 2 == 0 => 127,
+                                _ => -127,
+                            };
+                            sum += v;
+                            *y = v as i8 as u8;
+                        }
+                        if qoff == 4 {
+                            blk[2..4].copy_from_slice(
+                                &half::f16::from_f32(d * sum as f32).to_bits().to_le_bytes(),
+                            );
+                        }
+                    }
+                    let w8: [&[u8]; 8] = std::array::from_fn(|r| &rows[r][..]);
+                    for &isa in &isas {
+                        let got = vec_dot8(isa, t, w8, &x, k, 512);
+                        for (r, row) in w8.iter().enumerate() {
+                            let one = vec_dot(isa, t, row, &x, k);
+                            assert_eq!(
+                                got[r].to_bits(),
+                                one.to_bits(),
+                                "{t} nb {nb} case {case} row {r} {isa:?}: vec_dot8 {} vs vec_dot {one}",
+                                got[r]
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -26,6 +26,8 @@ pub mod qdot_neon;
 pub mod qdot_tiles;
 pub mod qgemm_0;
 pub mod qgemm_k;
+#[cfg(target_arch = "x86_64")]
+pub mod qgemv_0;
 pub mod reduce;
 pub mod rope;
 pub mod rows;
