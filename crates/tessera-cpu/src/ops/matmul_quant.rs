@@ -437,8 +437,38 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         && super::qdot::self_prefetching(a.dtype)
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
-        // rows in one call (one dispatch instead of one per row; same results).
+        // rows in one call (one dispatch instead of one per row; same results); iq4_xs on
+        // AVX-512 eight rows a call first (`qgemv_0`, the same bits).
+        #[cfg(target_arch = "x86_64")]
+        let eight = a.dtype == DType::IQ4XS && vnni(ctx.isa);
+        #[cfg(not(target_arch = "x86_64"))]
+        let eight = false;
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
+            let mut rows = rows;
+            if eight {
+                while rows.len() >= 8 {
+                    // SAFETY: rows `rows.start..+8` of this batch lie in a's validated span;
+                    // dst[rows] of this batch is written by the thread that took the chunk
+                    // only; the quantized column was finished before the barrier.
+                    unsafe {
+                        let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
+                        let w: [&[u8]; 8] = std::array::from_fn(|j| {
+                            std::slice::from_raw_parts(
+                                ctx.src[0].add(a_off + (rows.start + j) * a.nb[1]),
+                                row_bytes,
+                            )
+                        });
+                        let v = vec_dot8(ctx.isa, a.dtype, w, x, k, 0);
+                        for (j, y) in v.into_iter().enumerate() {
+                            *(ctx.dst.add(d_off) as *mut f32).add(rows.start + j) = y;
+                        }
+                    }
+                    rows.start += 8;
+                }
+                if rows.is_empty() {
+                    continue;
+                }
+            }
             // SAFETY: rows `rows` (not empty) of this batch lie in a's validated span, the
             // last one `row_bytes` long; dst[rows] of this batch (f32, contiguous) is written
             // by the thread that took the chunk only; the quantized column was finished
@@ -837,8 +867,9 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1 and iq4_nl (prefetching
-/// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead).
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl and iq4_xs (prefetching
+/// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead; types
+/// without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
     if vnni(isa) && super::qgemv_0::supported(t) {
@@ -1898,11 +1929,12 @@ mod tests {
             DType::IQ4NL,
             DType::Q8_0,
             DType::Q5_0,
+            DType::IQ4XS,
         ] {
             let vdt = vec_dot_type(t);
             let (ws, xs) = (t.type_size(), vdt.type_size());
             for nb in [1usize, 2, 3, 8, 37] {
-                let k = 32 * nb;
+                let k = t.block_size() * nb;
                 for case in 0..3 {
                     let rows: Vec<Vec<u8>> = (0..8)
                         .map(|r| {
@@ -1932,13 +1964,23 @@ mod tests {
                         })
                         .collect();
                     let mut x = vec![0u8; nb * xs];
-                    let qoff = xs - 32;
+                    // q8_K: f32 d, 256 values, 16 group sums; q8_0/q8_1: f16 d (and s), 32
+                    let (qoff, qn) = if vdt == DType::Q8K {
+                        (4, 256)
+                    } else {
+                        (xs - 32, 32)
+                    };
                     for b in 0..nb {
                         let blk = &mut x[b * xs..(b + 1) * xs];
                         let d = 0.001 + (next() % 1000) as f32 / 7000.0;
-                        blk[0..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                        if vdt == DType::Q8K {
+                            blk[0..4].copy_from_slice(&d.to_le_bytes());
+                        } else {
+                            blk[0..2]
+                                .copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                        }
                         let mut sum = 0i32;
-                        for (j, y) in blk[qoff..].iter_mut().enumerate() {
+                        for (j, y) in blk[qoff..qoff + qn].iter_mut().enumerate() {
                             let v = match case {
                                 0 => ((next() % 255) as i32) - 127,
                                 _ if j % 2 == 0 => 127,
@@ -1947,7 +1989,14 @@ mod tests {
                             sum += v;
                             *y = v as i8 as u8;
                         }
-                        if qoff == 4 {
+                        if vdt == DType::Q8K {
+                            for g in 0..16 {
+                                let gs: i32 =
+                                    (0..16).map(|e| blk[4 + 16 * g + e] as i8 as i32).sum();
+                                blk[260 + 2 * g..262 + 2 * g]
+                                    .copy_from_slice(&(gs as i16).to_le_bytes());
+                            }
+                        } else if qoff == 4 {
                             blk[2..4].copy_from_slice(
                                 &half::f16::from_f32(d * sum as f32).to_bits().to_le_bytes(),
                             );

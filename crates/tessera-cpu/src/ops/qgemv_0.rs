@@ -1,21 +1,23 @@
-//! Mat-vec of q4_0, q4_1 and iq4_nl on AVX-512 VNNI: eight weight rows against one activation
-//! row (q8_0; q8_1 for q4_1) per call, four rows to a 512-bit vector.
+//! Mat-vec of q4_0, q4_1, iq4_nl and iq4_xs on AVX-512 VNNI: eight weight rows against one
+//! activation row (q8_0; q8_1 for q4_1, q8_K for iq4_xs) per call, four rows to a 512-bit
+//! vector.
 //!
 //! ggml's x86 `vec_dot` of these types gives each row eight f32 lanes, lane `l` summing
-//! elements `4l..4l+3` of every block as an exact integer, converted and fused-multiply-added
-//! with the block's scale product, the lanes summed at the end in `hsum_float_8`'s order. Here
-//! a 128-bit lane of one vector holds lanes 0..4 of one row (the block's first 16 elements, its
-//! low nibbles) and the same lane of a second vector holds lanes 4..8 (its high nibbles), so
-//! four rows' blocks take two `vpdpbusd`, two conversions and two FMAs where the 256-bit
-//! four-row kernels take eight of each. Every lane sees the same integers and the same float
-//! operations in the same order as in `vec_dot`, and the final sums are `hsum_float_8`'s, so
-//! each result is bit-identical to `vec_dot`'s (tests: `matmul_quant`'s
-//! `eight_row_kernel_equals_vec_dot` and the mat-vec cases of `tests/matmul_quant.rs`).
+//! elements `4l..4l+3` of every 32-element block as an exact integer, converted and
+//! fused-multiply-added with the block's scale product, the lanes summed at the end in
+//! `hsum_float_8`'s order. Here a 128-bit lane of one vector holds lanes 0..4 of one row (the
+//! block's first 16 elements, its low nibbles) and the same lane of a second vector holds
+//! lanes 4..8 (its high nibbles), so four rows' blocks take two `vpdpbusd`, two conversions
+//! and two FMAs where the 256-bit four-row kernels take eight of each. Every lane sees the
+//! same integers and the same float operations in the same order as in `vec_dot`, and the
+//! final sums are `hsum_float_8`'s, so each result is bit-identical to `vec_dot`'s (tests:
+//! `matmul_quant`'s `eight_row_kernel_equals_vec_dot` and the mat-vec cases of
+//! `tests/matmul_quant.rs`).
 //!
-//! The integers: q4_0's values n − 8 and iq4_nl's codebook values v are signed, so the
-//! unsigned operand of `vpdpbusd` is n (or v + 128, a second codebook) and the signed one the
-//! activations; each lane starts from −8·Σy (−128·Σy), computed once per block for all eight
-//! rows. q4_1's codes are unsigned already.
+//! The integers: q4_0's values n − 8 and the codebook values v of iq4_nl and iq4_xs are
+//! signed, so the unsigned operand of `vpdpbusd` is n (or v + 128, a second codebook) and the
+//! signed one the activations; each lane starts from −8·Σy (−128·Σy), computed once per block
+//! for all eight rows. q4_1's codes are unsigned already.
 
 use std::arch::x86_64::*;
 
@@ -26,10 +28,11 @@ use super::qdot::KVALUES_IQ4NL;
 
 /// Types with an eight-row kernel here.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::IQ4NL)
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS)
 }
 
-/// `vec_dot` of eight weight rows of `t` (see [`supported`]) with one activation row in its
+/// `vec_dot` of eight weight rows of `t` (see [`supported`]; `k` a multiple of its block) with
+/// one activation row in its
 /// `vec_dot_type`, each result bit-identical to `vec_dot`'s; each row is prefetched
 /// [`PREFETCH`] bytes ahead of its current block.
 ///
@@ -46,6 +49,7 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q4_0 => offset_rows::<false>(wp, x.as_ptr(), nb),
             DType::IQ4NL => offset_rows::<true>(wp, x.as_ptr(), nb),
             DType::Q4_1 => q4_1_rows(wp, x.as_ptr(), nb),
+            DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -292,4 +296,120 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         }
         out
     }
+}
+
+/// iq4_xs against q8_K. ggml's kernel sums, per 256-element superblock and lane l, the exact
+/// integer Σ_j ls_j·p_jl over its eight 32-element sub-blocks j (ls_j the sub-block's 6-bit
+/// scale − 32, p_jl the lane's four products), converts it and fused-multiply-adds it with
+/// d_w·d_y. Here p_jl comes from `vpdpbusd` as for iq4_nl, and Σ ls_j·p_jl is accumulated in
+/// f32 with FMAs: every partial sum is an integer below 2^24 in magnitude (|p| ≤ 4·127·127,
+/// |ls| ≤ 32, eight sub-blocks: 16,516,096; q8_K's values are within ±127), so each FMA is
+/// exact and the sum is the converted integer itself.
+#[inline(always)]
+unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    const BLOCK: usize = 136;
+    const Q8K: usize = 292;
+    // SAFETY: nb 136-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
+    // prefetches never fault.
+    unsafe {
+        let m4 = _mm512_set1_epi8(15);
+        let zero = _mm512_setzero_si512();
+        let off = _mm512_set1_epi8(-128);
+        let book = {
+            let mut b = [0u8; 16];
+            for (o, &v) in b.iter_mut().zip(KVALUES_IQ4NL.iter()) {
+                *o = (v as i16 + 128) as u8;
+            }
+            _mm512_broadcast_i32x4(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+        };
+        // sub-block j of a quad's four rows: lanes j, 8 + j (first pair), 16 + j, 24 + j
+        let pick0 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+        let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+        for i in 0..nb {
+            let xb = xp.add(i * Q8K);
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            for &r in &wb {
+                // the superblock's 136 bytes span at most three lines
+                _mm_prefetch(r.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(r.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(r.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
+            }
+            let w = |r: usize| (wb[r] as *const i64).read_unaligned();
+            let w64 = _mm512_setr_epi64(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+            // ggml's d = d_w·d_y per row
+            let dw = _mm256_cvtph_ps(_mm512_cvtepi64_epi16(w64));
+            let d16 = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_set1_ps(f32_at(xb))));
+            let ls = [
+                xs_scales(w64, 0),
+                xs_scales(w64, 1),
+                xs_scales(w64, 2),
+                xs_scales(w64, 3),
+            ];
+            // Σ_j ls_j·p_jl, exact in f32 ([half][lo, hi])
+            let mut sum = [[_mm512_setzero_ps(); 2]; 2];
+            for j in 0..8 {
+                let y = xb.add(4 + 32 * j);
+                let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+                let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
+                // −128·Σy per lane
+                let nlo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, ylo));
+                let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, yhi));
+                let pick = _mm512_add_epi32(pick0, _mm512_set1_epi32(j as i32));
+                for (h, s) in sum.iter_mut().enumerate() {
+                    let z = quad(&wb, h, 8 + 16 * j);
+                    let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
+                    let hi =
+                        _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4));
+                    let l = _mm512_permutex2var_ps(ls[2 * h], pick, ls[2 * h + 1]);
+                    let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
+                    let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nhi, hi, yhi));
+                    s[0] = _mm512_fmadd_ps(l, plo, s[0]);
+                    s[1] = _mm512_fmadd_ps(l, phi, s[1]);
+                }
+            }
+            for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
+                let d = spread::<1>(d16, h as i32);
+                a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
+                a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
+            }
+        }
+        let mut out = [0f32; 8];
+        for (h, a) in acc.iter().enumerate() {
+            out[4 * h..4 * h + 4].copy_from_slice(&hsum4(a[0], a[1]));
+        }
+        out
+    }
+}
+
+/// Pair q's scales (rows 2q and 2q + 1) of a superblock whose rows' first eight bytes (d,
+/// scales_h, scales_l) are the qwords of `w64`: lane 8·rr + j holds ls_j (the 6-bit scale
+/// − 32) of row 2q + rr, as f32. Dword 2r of `w64` is d | scales_h << 16 (sub-block j's two
+/// high bits at 16 + 2j), dword 2r + 1 is scales_l (its four low bits at 4j).
+#[inline(always)]
+unsafe fn xs_scales(w64: __m512i, q: i32) -> __m512 {
+    // SAFETY: register arithmetic only.
+    unsafe {
+        let (a, b) = (4 * q, 4 * q + 2);
+        let idx_h = _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
+        let idx_l = _mm512_add_epi32(idx_h, _mm512_set1_epi32(1));
+        let shift_l = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        let shift_h = _mm512_setr_epi32(
+            12, 14, 16, 18, 20, 22, 24, 26, 12, 14, 16, 18, 20, 22, 24, 26,
+        );
+        let l = _mm512_permutexvar_epi32(idx_l, w64);
+        let h = _mm512_permutexvar_epi32(idx_h, w64);
+        let l = _mm512_and_si512(_mm512_srlv_epi32(l, shift_l), _mm512_set1_epi32(15));
+        let h = _mm512_and_si512(_mm512_srlv_epi32(h, shift_h), _mm512_set1_epi32(0x30));
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(
+            _mm512_or_si512(l, h),
+            _mm512_set1_epi32(32),
+        ))
+    }
+}
+
+/// The little-endian f32 at `p`.
+#[inline(always)]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    // SAFETY: four readable bytes at p (caller).
+    unsafe { (p as *const f32).read_unaligned() }
 }
