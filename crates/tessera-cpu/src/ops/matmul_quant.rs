@@ -437,10 +437,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         && super::qdot::self_prefetching(a.dtype)
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
-        // rows in one call (one dispatch instead of one per row; same results); iq4_xs on
-        // AVX-512 eight rows a call first (`qgemv_0`, the same bits).
+        // rows in one call (one dispatch instead of one per row; same results); iq4_xs and
+        // q4_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
         #[cfg(target_arch = "x86_64")]
-        let eight = a.dtype == DType::IQ4XS && vnni(ctx.isa);
+        let eight = matches!(a.dtype, DType::IQ4XS | DType::Q4K) && vnni(ctx.isa);
         #[cfg(not(target_arch = "x86_64"))]
         let eight = false;
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
@@ -867,7 +867,7 @@ pub fn vec_dot4(isa: Isa, t: DType, w: [&[u8]; 4], x: &[u8], k: usize, pf: usize
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl and iq4_xs (prefetching
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, iq4_xs and q4_K (prefetching
 /// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead; types
 /// without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
@@ -1930,6 +1930,7 @@ mod tests {
             DType::Q8_0,
             DType::Q5_0,
             DType::IQ4XS,
+            DType::Q4K,
         ] {
             let vdt = vec_dot_type(t);
             let (ws, xs) = (t.type_size(), vdt.type_size());
@@ -1953,7 +1954,7 @@ mod tests {
                                 w[b * ws..b * ws + 2].copy_from_slice(
                                     &half::f16::from_f32(d).to_bits().to_le_bytes(),
                                 );
-                                if t == DType::Q4_1 {
+                                if t == DType::Q4_1 || t == DType::Q4K {
                                     let m = (next() % 1000) as f32 / 300.0 - 1.5;
                                     w[b * ws + 2..b * ws + 4].copy_from_slice(
                                         &half::f16::from_f32(m).to_bits().to_le_bytes(),

@@ -28,7 +28,10 @@ use super::qdot::KVALUES_IQ4NL;
 
 /// Types with an eight-row kernel here.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS)
+    matches!(
+        t,
+        DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS | DType::Q4K
+    )
 }
 
 /// `vec_dot` of eight weight rows of `t` (see [`supported`]; `k` a multiple of its block) with
@@ -50,6 +53,7 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::IQ4NL => offset_rows::<true>(wp, x.as_ptr(), nb),
             DType::Q4_1 => q4_1_rows(wp, x.as_ptr(), nb),
             DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
+            DType::Q4K => q4_k_rows(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -80,29 +84,15 @@ unsafe fn halves8(p: &[*const u8; 8], off: usize) -> __m256 {
     }
 }
 
-/// Lane `step·(4h + j)` of `v` in all four lanes of 128-bit lane j.
+/// Lane `STEP·(4h + j) + OFF` of `v` in all four lanes of 128-bit lane j.
 #[inline(always)]
-unsafe fn spread<const STEP: i32>(v: __m512, h: i32) -> __m512 {
+unsafe fn spread<const STEP: i32, const OFF: i32>(v: __m512, h: i32) -> __m512 {
     // SAFETY: register arithmetic only.
     unsafe {
-        let b = STEP * 4 * h;
+        let b = STEP * 4 * h + OFF;
+        let (b0, b1, b2, b3) = (b, b + STEP, b + 2 * STEP, b + 3 * STEP);
         let idx = _mm512_setr_epi32(
-            b,
-            b,
-            b,
-            b,
-            b + STEP,
-            b + STEP,
-            b + STEP,
-            b + STEP,
-            b + 2 * STEP,
-            b + 2 * STEP,
-            b + 2 * STEP,
-            b + 2 * STEP,
-            b + 3 * STEP,
-            b + 3 * STEP,
-            b + 3 * STEP,
-            b + 3 * STEP,
+            b0, b0, b0, b0, b1, b1, b1, b1, b2, b2, b2, b2, b3, b3, b3, b3,
         );
         _mm512_permutexvar_ps(idx, v)
     }
@@ -172,7 +162,7 @@ unsafe fn offset_block<const CODEBOOK: bool>(
                 lo = _mm512_shuffle_epi8(book, lo);
                 hi = _mm512_shuffle_epi8(book, hi);
             }
-            let d = spread::<1>(d16, h as i32);
+            let d = spread::<1, 0>(d16, h as i32);
             let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
             let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nhi, hi, yhi));
             a[0] = _mm512_fmadd_ps(d, plo, a[0]);
@@ -279,7 +269,7 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 let z = quad(&wb, h, 4);
                 let lo = _mm512_and_si512(z, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
-                let d = spread::<2>(d16, h as i32);
+                let d = spread::<2, 0>(d16, h as i32);
                 let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, lo, ylo));
                 let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, hi, yhi));
                 a[0] = _mm512_fmadd_ps(d, plo, a[0]);
@@ -368,7 +358,7 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
                 }
             }
             for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
-                let d = spread::<1>(d16, h as i32);
+                let d = spread::<1, 0>(d16, h as i32);
                 a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
                 a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
             }
@@ -404,6 +394,133 @@ unsafe fn xs_scales(w64: __m512i, q: i32) -> __m512 {
             _mm512_or_si512(l, h),
             _mm512_set1_epi32(32),
         ))
+    }
+}
+
+/// q4_K against q8_K. ggml's kernel sums, per superblock and lane l, the exact integer
+/// Σ_s sc_s·p_sl over its eight 32-element sub-blocks s (sc_s the 6-bit scale, p_sl the lane's
+/// four products), converts it and fused-multiply-adds it with d_w·d_y; the mins go into a
+/// four-lane accumulator, dmin_w·(−d_y) times the exact Σ m·(pair sums of the activations),
+/// its lanes summed and added after `hsum_float_8`. Here, as for iq4_xs, Σ sc_s·p_sl
+/// accumulates exactly in f32 (|p| ≤ 4·15·127, sc ≤ 63, eight sub-blocks: 3,840,120 < 2^24);
+/// the four rows' scales and mins are unpacked in one 512-bit pass of ggml's bit shuffle.
+#[inline(always)]
+unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    const BLOCK: usize = 144;
+    const Q8K: usize = 292;
+    // SAFETY: nb 144-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
+    // prefetches never fault.
+    unsafe {
+        let m4 = _mm512_set1_epi8(15);
+        let zero = _mm512_setzero_si512();
+        // sub-block s of a quad's four rows: lanes s, 8 + s (first two rows), 16 + s, 24 + s
+        let pick0 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+        let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+        let mut acc_m = [_mm512_setzero_ps(); 2];
+        for i in 0..nb {
+            let xb = xp.add(i * Q8K);
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            for &r in &wb {
+                // the superblock's 144 bytes span at most three lines
+                _mm_prefetch(r.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(r.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(r.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
+            }
+            // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
+            let r = |j: usize| (wb[j] as *const u32).read_unaligned() as u64;
+            let dm = _mm512_cvtph_ps(_mm256_setr_epi64x(
+                (r(0) | r(1) << 32) as i64,
+                (r(2) | r(3) << 32) as i64,
+                (r(4) | r(5) << 32) as i64,
+                (r(6) | r(7) << 32) as i64,
+            ));
+            let yd = f32_at(xb);
+            let ys = _mm512_castpd_ps(_mm512_set1_pd(f64::from_bits(
+                yd.to_bits() as u64 | ((-yd).to_bits() as u64) << 32,
+            )));
+            let dd = _mm512_mul_ps(dm, ys);
+            // the activations' sums of 32 (ggml's hadd of the 16 group sums) in every lane
+            let bs = _mm256_loadu_si256(xb.add(4 + 256) as *const __m256i);
+            let q8s = _mm512_broadcast_i32x4(_mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            ));
+            // per quad: the rows' scales as f32 (rows 0-1, rows 2-3: lane 8·rr + s)
+            let mut scf = [[_mm512_setzero_ps(); 2]; 2];
+            for (h, (sc, am)) in scf.iter_mut().zip(acc_m.iter_mut()).enumerate() {
+                let u = k4_scales_mins4(quad(&wb, h, 4));
+                let prod = _mm512_madd_epi16(_mm512_unpackhi_epi8(u, zero), q8s);
+                *am = _mm512_fmadd_ps(spread::<2, 1>(dd, h as i32), _mm512_cvtepi32_ps(prod), *am);
+                let s16 = _mm512_unpacklo_epi8(u, zero);
+                sc[0] = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(s16)));
+                sc[1] =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(s16)));
+            }
+            // Σ_s sc_s·p_sl, exact in f32 ([half][lanes 0-3, lanes 4-7])
+            let mut sum = [[_mm512_setzero_ps(); 2]; 2];
+            for j in 0..4 {
+                let y = xb.add(4 + 64 * j);
+                let yv = [0, 16, 32, 48]
+                    .map(|o| _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(o) as *const __m128i)));
+                let pick_l = _mm512_add_epi32(pick0, _mm512_set1_epi32(2 * j as i32));
+                let pick_h = _mm512_add_epi32(pick0, _mm512_set1_epi32(2 * j as i32 + 1));
+                for (h, s) in sum.iter_mut().enumerate() {
+                    let sl = _mm512_permutex2var_ps(scf[h][0], pick_l, scf[h][1]);
+                    let sh = _mm512_permutex2var_ps(scf[h][0], pick_h, scf[h][1]);
+                    for (half, a) in s.iter_mut().enumerate() {
+                        // bytes 16·half.. of the sub-block pair's 32: ggml's lanes 4·half..
+                        let z = quad(&wb, h, 16 + 32 * j + 16 * half);
+                        let lo = _mm512_and_si512(z, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+                        // sub-block 2j: low nibbles; 2j + 1: high nibbles, 32 values later
+                        let pl = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, lo, yv[half]));
+                        let ph = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, hi, yv[2 + half]));
+                        *a = _mm512_fmadd_ps(sl, pl, *a);
+                        *a = _mm512_fmadd_ps(sh, ph, *a);
+                    }
+                }
+            }
+            for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
+                let d = spread::<2, 0>(dd, h as i32);
+                a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
+                a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
+            }
+        }
+        let mut out = [0f32; 8];
+        for h in 0..2 {
+            let sums = hsum4(acc[h][0], acc[h][1]);
+            // the mins' four lanes: (m0 + m2) + (m1 + m3), as ggml's `_mm_movehl_ps` and
+            // `_mm_movehdup_ps` steps
+            let m = acc_m[h];
+            let t = _mm512_add_ps(m, _mm512_permute_ps::<0b01_00_11_10>(m));
+            let u = _mm512_add_ps(t, _mm512_permute_ps::<0b00_00_00_01>(t));
+            let mut mv = [0f32; 16];
+            _mm512_storeu_ps(mv.as_mut_ptr(), u);
+            for j in 0..4 {
+                out[4 * h + j] = sums[j] + mv[4 * j];
+            }
+        }
+        out
+    }
+}
+
+/// ggml's q4_K scale/min unpacking for four rows at once: 16 bytes a 128-bit lane (a row's 12
+/// scale bytes first) to its eight 6-bit scales (bytes 0..8) and eight mins (bytes 8..16).
+#[inline(always)]
+unsafe fn k4_scales_mins4(v: __m512i) -> __m512i {
+    // SAFETY: register arithmetic only.
+    unsafe {
+        // words u0 u1 u2 (and one ignored) in the four dwords of each lane
+        let low6 = _mm512_and_si512(v, _mm512_set1_epi32(0x3f3f_3f3f));
+        // ((u >> 6) & 0x03030303) << 4 for u0, u1
+        let top2 = _mm512_and_si512(_mm512_srli_epi32::<2>(v), _mm512_set1_epi32(0x3030_3030));
+        // u2 & 0x0f0f0f0f, (u2 >> 4) & 0x0f0f0f0f
+        let u2 = _mm512_srlv_epi32(
+            _mm512_shuffle_epi32::<0xAA>(v),
+            _mm512_setr_epi32(0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0),
+        );
+        let mixed = _mm512_or_si512(_mm512_and_si512(u2, _mm512_set1_epi32(0x0f0f_0f0f)), top2);
+        _mm512_unpacklo_epi32(low6, mixed)
     }
 }
 
