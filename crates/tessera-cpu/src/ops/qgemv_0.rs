@@ -184,11 +184,7 @@ unsafe fn offset_rows<const CODEBOOK: bool>(
     unsafe {
         // the unsigned operand: the nibble itself (q4_0) or its value + 128 (iq4_nl)
         let book = if CODEBOOK {
-            let mut b = [0u8; 16];
-            for (o, &v) in b.iter_mut().zip(KVALUES_IQ4NL.iter()) {
-                *o = (v as i16 + 128) as u8;
-            }
-            _mm512_broadcast_i32x4(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+            codebook_128()
         } else {
             _mm512_setzero_si512()
         };
@@ -288,6 +284,53 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     }
 }
 
+/// iq4_nl's codebook (`KVALUES_IQ4NL`) + 128, as unsigned bytes, in every 128-bit lane.
+#[inline(always)]
+unsafe fn codebook_128() -> __m512i {
+    let mut b = [0u8; 16];
+    for (o, &v) in b.iter_mut().zip(KVALUES_IQ4NL.iter()) {
+        *o = (v as i16 + 128) as u8;
+    }
+    // SAFETY: 16 readable bytes.
+    unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(b.as_ptr() as *const __m128i)) }
+}
+
+/// Prefetches the three lines a superblock (up to 192 bytes) may span, [`PREFETCH`] bytes
+/// ahead of each of the eight rows' current one (never faults).
+#[inline(always)]
+unsafe fn prefetch_superblock8(p: &[*const u8; 8]) {
+    for &r in p {
+        for line in 0..3 {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe {
+                _mm_prefetch(
+                    r.wrapping_add(PREFETCH + 64 * line) as *const i8,
+                    _MM_HINT_T0,
+                )
+            };
+        }
+    }
+}
+
+/// A superblock's exact per-lane sums `sum` ([quad][lanes 0-3, lanes 4-7]) into the
+/// accumulators, `fma(d_w·d_y, sum, acc)` per lane as ggml's kernels do; the eight rows' scale
+/// products are lanes `STEP·r` of `d`.
+#[inline(always)]
+unsafe fn fold_superblock<const STEP: i32>(
+    acc: &mut [[__m512; 2]; 2],
+    sum: [[__m512; 2]; 2],
+    d: __m512,
+) {
+    for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            let d = spread::<STEP, 0>(d, h as i32);
+            a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
+            a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
+        }
+    }
+}
+
 /// iq4_xs against q8_K. ggml's kernel sums, per 256-element superblock and lane l, the exact
 /// integer Σ_j ls_j·p_jl over its eight 32-element sub-blocks j (ls_j the sub-block's 6-bit
 /// scale − 32, p_jl the lane's four products), converts it and fused-multiply-adds it with
@@ -305,25 +348,14 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
         let m4 = _mm512_set1_epi8(15);
         let zero = _mm512_setzero_si512();
         let off = _mm512_set1_epi8(-128);
-        let book = {
-            let mut b = [0u8; 16];
-            for (o, &v) in b.iter_mut().zip(KVALUES_IQ4NL.iter()) {
-                *o = (v as i16 + 128) as u8;
-            }
-            _mm512_broadcast_i32x4(_mm_loadu_si128(b.as_ptr() as *const __m128i))
-        };
+        let book = codebook_128();
         // sub-block j of a quad's four rows: lanes j, 8 + j (first pair), 16 + j, 24 + j
         let pick0 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
         let mut acc = [[_mm512_setzero_ps(); 2]; 2];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
             let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
-            for &r in &wb {
-                // the superblock's 136 bytes span at most three lines
-                _mm_prefetch(r.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
-                _mm_prefetch(r.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
-                _mm_prefetch(r.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
-            }
+            prefetch_superblock8(&wb);
             let w = |r: usize| (wb[r] as *const i64).read_unaligned();
             let w64 = _mm512_setr_epi64(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
             // ggml's d = d_w·d_y per row
@@ -357,11 +389,7 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
                     s[1] = _mm512_fmadd_ps(l, phi, s[1]);
                 }
             }
-            for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
-                let d = spread::<1, 0>(d16, h as i32);
-                a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
-                a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
-            }
+            fold_superblock::<1>(&mut acc, sum, d16);
         }
         let mut out = [0f32; 8];
         for (h, a) in acc.iter().enumerate() {
@@ -420,12 +448,7 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
             let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
-            for &r in &wb {
-                // the superblock's 144 bytes span at most three lines
-                _mm_prefetch(r.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
-                _mm_prefetch(r.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
-                _mm_prefetch(r.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
-            }
+            prefetch_superblock8(&wb);
             // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
             let r = |j: usize| (wb[j] as *const u32).read_unaligned() as u64;
             let dm = _mm512_cvtph_ps(_mm256_setr_epi64x(
@@ -480,11 +503,7 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                     }
                 }
             }
-            for (h, (a, s)) in acc.iter_mut().zip(sum).enumerate() {
-                let d = spread::<2, 0>(dd, h as i32);
-                a[0] = _mm512_fmadd_ps(d, s[0], a[0]);
-                a[1] = _mm512_fmadd_ps(d, s[1], a[1]);
-            }
+            fold_superblock::<2>(&mut acc, sum, dd);
         }
         let mut out = [0f32; 8];
         for h in 0..2 {
