@@ -221,6 +221,7 @@ fn one_row_kernel_types_compute_every_element_as_vec_dot() {
     let matvec = [
         DType::TQ1_0,
         DType::Q4K,
+        DType::Q5K,
         DType::Q6K,
         DType::IQ4XS,
         DType::Q5_0,
