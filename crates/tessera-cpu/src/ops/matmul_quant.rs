@@ -874,7 +874,7 @@ pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize
     #[cfg(target_arch = "x86_64")]
     if vnni(isa) && super::qgemv_0::supported(t) {
         // SAFETY: `vnni` says the CPU has AVX-512 F/BW/VL and VNNI (and AVX2, FMA, F16C); the
-        // rows and x hold k/32 blocks of their formats (the callers' layouts).
+        // rows and x hold k / (block size) blocks of their formats (the callers' layouts).
         return unsafe { super::qgemv_0::vec_dot8(t, w, x, k) };
     }
     let a = vec_dot4(isa, t, [w[0], w[1], w[2], w[3]], x, k, pf);

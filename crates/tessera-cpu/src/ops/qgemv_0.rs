@@ -84,6 +84,22 @@ unsafe fn halves8(p: &[*const u8; 8], off: usize) -> __m256 {
     }
 }
 
+/// The two f16 at the start of each of the eight blocks `p` (a row's scale and min), as the
+/// f32 pairs `[p0.0 p0.1 p1.0 p1.1 … p7.1]`.
+#[inline(always)]
+unsafe fn halves_pairs8(p: &[*const u8; 8]) -> __m512 {
+    // SAFETY: four readable bytes at every address (caller).
+    unsafe {
+        let r = |j: usize| (p[j] as *const u32).read_unaligned() as u64;
+        _mm512_cvtph_ps(_mm256_setr_epi64x(
+            (r(0) | r(1) << 32) as i64,
+            (r(2) | r(3) << 32) as i64,
+            (r(4) | r(5) << 32) as i64,
+            (r(6) | r(7) << 32) as i64,
+        ))
+    }
+}
+
 /// Lane `STEP·(4h + j) + OFF` of `v` in all four lanes of 128-bit lane j.
 #[inline(always)]
 unsafe fn spread<const STEP: i32, const OFF: i32>(v: __m512, h: i32) -> __m512 {
@@ -252,13 +268,7 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 prefetch8(&wb);
             }
             // [d0 m0 d1 m1 … d7 m7]: each row's adjacent f16 pair
-            let r = |j: usize| (wb[j] as *const u32).read_unaligned() as u64;
-            let dm = _mm512_cvtph_ps(_mm256_setr_epi64x(
-                (r(0) | r(1) << 32) as i64,
-                (r(2) | r(3) << 32) as i64,
-                (r(4) | r(5) << 32) as i64,
-                (r(6) | r(7) << 32) as i64,
-            ));
+            let dm = halves_pairs8(&wb);
             summs = _mm512_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
             let d16 = _mm512_mul_ps(dm, xs);
             for (h, a) in acc.iter_mut().enumerate() {
@@ -450,13 +460,7 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
             let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
             prefetch_superblock8(&wb);
             // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
-            let r = |j: usize| (wb[j] as *const u32).read_unaligned() as u64;
-            let dm = _mm512_cvtph_ps(_mm256_setr_epi64x(
-                (r(0) | r(1) << 32) as i64,
-                (r(2) | r(3) << 32) as i64,
-                (r(4) | r(5) << 32) as i64,
-                (r(6) | r(7) << 32) as i64,
-            ));
+            let dm = halves_pairs8(&wb);
             let yd = f32_at(xb);
             let ys = _mm512_castpd_ps(_mm512_set1_pd(f64::from_bits(
                 yd.to_bits() as u64 | ((-yd).to_bits() as u64) << 32,
