@@ -1,4 +1,4 @@
-//! Mat-vec of q4_0, q4_1, iq4_nl and iq4_xs on AVX-512 VNNI: eight weight rows against one
+//! Mat-vec of q4_0, q4_1, iq4_nl, iq4_xs, q4_K and q6_K on AVX-512 VNNI: eight weight rows against one
 //! activation row (q8_0; q8_1 for q4_1, q8_K for iq4_xs) per call, four rows to a 512-bit
 //! vector.
 //!
@@ -23,14 +23,14 @@ use std::arch::x86_64::*;
 
 use tessera::DType;
 
-use super::qdot::avx2::f16;
+use super::qdot::avx2::{f16, SHUF_K4};
 use super::qdot::KVALUES_IQ4NL;
 
 /// Types with an eight-row kernel here.
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS | DType::Q4K
+        DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS | DType::Q4K | DType::Q6K
     )
 }
 
@@ -54,6 +54,7 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q4_1 => q4_1_rows(wp, x.as_ptr(), nb),
             DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows(wp, x.as_ptr(), k / 256),
+            DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -305,12 +306,13 @@ unsafe fn codebook_128() -> __m512i {
     unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(b.as_ptr() as *const __m128i)) }
 }
 
-/// Prefetches the three lines a superblock (up to 192 bytes) may span, [`PREFETCH`] bytes
-/// ahead of each of the eight rows' current one (never faults).
+/// Prefetches `LINES` lines from [`PREFETCH`] bytes ahead of each of the eight rows' current
+/// superblock (never faults): 3 for the 136- and 144-byte superblocks of iq4_xs and q4_K, 4
+/// for q6_K's 210 bytes.
 #[inline(always)]
-unsafe fn prefetch_superblock8(p: &[*const u8; 8]) {
+unsafe fn prefetch_superblock8<const LINES: usize>(p: &[*const u8; 8]) {
     for &r in p {
-        for line in 0..3 {
+        for line in 0..LINES {
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe {
                 _mm_prefetch(
@@ -365,7 +367,7 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
             let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
-            prefetch_superblock8(&wb);
+            prefetch_superblock8::<3>(&wb);
             let w = |r: usize| (wb[r] as *const i64).read_unaligned();
             let w64 = _mm512_setr_epi64(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
             // ggml's d = d_w·d_y per row
@@ -458,7 +460,7 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
             let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
-            prefetch_superblock8(&wb);
+            prefetch_superblock8::<3>(&wb);
             // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
             let dm = halves_pairs8(&wb);
             let yd = f32_at(xb);
@@ -545,6 +547,145 @@ unsafe fn k4_scales_mins4(v: __m512i) -> __m512i {
         let mixed = _mm512_or_si512(_mm512_and_si512(u2, _mm512_set1_epi32(0x0f0f_0f0f)), top2);
         _mm512_unpacklo_epi32(low6, mixed)
     }
+}
+
+/// 32 bytes at `p[4h + j] + off` for the four rows of quad `h`: bytes 0..16 of row 4h + j in
+/// 128-bit lane j of the first vector, bytes 16..32 in the same lane of the second.
+#[inline(always)]
+unsafe fn quad_pair(p: &[*const u8; 8], h: usize, off: usize) -> [__m512i; 2] {
+    // SAFETY: 32 readable bytes at every address (caller).
+    unsafe {
+        let a = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32(p[4 * h].add(off))),
+            load32(p[4 * h + 1].add(off)),
+        );
+        let b = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32(p[4 * h + 2].add(off))),
+            load32(p[4 * h + 3].add(off)),
+        );
+        [
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b),
+        ]
+    }
+}
+
+/// The 32 bytes at `p`.
+#[inline(always)]
+unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: 32 readable bytes at p (caller).
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// q6_K against q8_K. ggml's kernel multiplies the unsigned 6-bit codes (value + 32) by the
+/// activations in pairs (`vpmaddubsw`), applies each 16-element group's signed scale to the
+/// pair sums (`vpmaddwd`) and sums, per superblock and lane l, the exact integer
+/// Σ scale·(products of the lane's four elements of every 32) − 32·(sc_2l·bs_2l +
+/// sc_2l+1·bs_2l+1) (bs: the activations' group sums; the second term takes out the codes'
+/// offset), converts it and fused-multiply-adds it with d_w·d_y. Here a 128-bit lane holds 16
+/// elements of one row, one scale group, so the scale is one word repeated across the lane
+/// and `vpdpwssd` applies it and accumulates in one step; the integers are the same, so the
+/// converted sums are ggml's.
+#[inline(always)]
+unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    const BLOCK: usize = 210;
+    const Q8K: usize = 292;
+    // SAFETY: nb 210-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
+    // prefetches never fault.
+    unsafe {
+        let m4 = _mm512_set1_epi8(15);
+        let m30 = _mm512_set1_epi8(0x30);
+        let zero = _mm512_setzero_si512();
+        // `vpshufb` patterns, row m repeating word m of a lane, behind a pointer the compiler
+        // cannot see through: given constants it splits each one-instruction scale spread
+        // into two word shuffles
+        let picks = std::hint::black_box(SHUF_K4.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+        for i in 0..nb {
+            let xb = xp.add(i * Q8K);
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            prefetch_superblock8::<4>(&wb);
+            // ggml's d = d_y·d_w per row
+            let dw = halves8(&wb, 208);
+            let d16 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f32_at(xb)), dw));
+            let bs = load32(xb.add(4 + 256));
+            let bs = [
+                _mm512_broadcast_i32x4(_mm256_castsi256_si128(bs)),
+                _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(bs)),
+            ];
+            for (h, a) in acc.iter_mut().enumerate() {
+                // the quad's scales as words: [groups 0-7, groups 8-15], lane j row 4h + j
+                let sc8 = quad(&wb, h, 192);
+                let sc = [
+                    _mm512_srai_epi16::<8>(_mm512_unpacklo_epi8(sc8, sc8)),
+                    _mm512_srai_epi16::<8>(_mm512_unpackhi_epi8(sc8, sc8)),
+                ];
+                // lanes 0-3 (t = 0) and 4-7 (t = 1) start from −32·Σ sc·bs, ggml's offset
+                let mut sum: [__m512i; 2] = [zero; 2];
+                for (t, s) in sum.iter_mut().enumerate() {
+                    let off = _mm512_slli_epi32::<5>(_mm512_madd_epi16(sc[t], bs[t]));
+                    *s = _mm512_sub_epi32(zero, off);
+                }
+                for (h2, &sch) in sc.iter().enumerate() {
+                    let b1 = quad_pair(&wb, h, 64 * h2);
+                    let b2 = quad_pair(&wb, h, 64 * h2 + 32);
+                    let bh = quad_pair(&wb, h, 128 + 32 * h2);
+                    for (t, s) in sum.iter_mut().enumerate() {
+                        let (b1, b2, bh) = (b1[t], b2[t], bh[t]);
+                        // code = low four bits | two high bits << 4: (A & 15) | B
+                        let v = [
+                            (b1, _mm512_and_si512(_mm512_slli_epi16::<4>(bh), m30)),
+                            (b2, _mm512_and_si512(_mm512_slli_epi16::<2>(bh), m30)),
+                            (_mm512_srli_epi16::<4>(b1), _mm512_and_si512(bh, m30)),
+                            (
+                                _mm512_srli_epi16::<4>(b2),
+                                _mm512_and_si512(_mm512_srli_epi16::<2>(bh), m30),
+                            ),
+                        ];
+                        for (q, (lo, hi)) in v.into_iter().enumerate() {
+                            let code = _mm512_ternarylogic_epi32::<0xEC>(lo, hi, m4);
+                            // elements 16t.. of the q-th 32 of this half; group 8·h2 + 2q + t
+                            let y = xb.add(4 + 128 * h2 + 32 * q + 16 * t);
+                            let y = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+                            let pick = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                                picks.add(2 * q + t) as *const __m128i,
+                            ));
+                            let scale = _mm512_shuffle_epi8(sch, pick);
+                            let pairs = _mm512_maddubs_epi16(code, y);
+                            *s = dpwssd(*s, pairs, scale);
+                        }
+                    }
+                }
+                let d = spread::<1, 0>(d16, h as i32);
+                a[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[0]), a[0]);
+                a[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[1]), a[1]);
+            }
+        }
+        let mut out = [0f32; 8];
+        for (h, a) in acc.iter().enumerate() {
+            out[4 * h..4 * h + 4].copy_from_slice(&hsum4(a[0], a[1]));
+        }
+        out
+    }
+}
+
+/// `acc + a·b` by word pairs into dwords (`vpdpwssd`), as one instruction: the compiler
+/// otherwise splits the intrinsic into `vpmaddwd` and `vpaddd`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register arithmetic only; the CPU has AVX-512 VNNI (caller).
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
 }
 
 /// The little-endian f32 at `p`.
