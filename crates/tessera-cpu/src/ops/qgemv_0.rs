@@ -130,6 +130,18 @@ unsafe fn hsum4(lo: __m512, hi: __m512) -> [f32; 4] {
     }
 }
 
+/// Eight rows' `hsum_float_8`: rows 0..4 from `acc[0]`, rows 4..8 from `acc[1]`, each pair
+/// (lanes 0..4, lanes 4..8) as [`hsum4`] takes them.
+#[inline(always)]
+unsafe fn hsum8(acc: &[[__m512; 2]; 2]) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    for (h, a) in acc.iter().enumerate() {
+        // SAFETY: register arithmetic only.
+        out[4 * h..4 * h + 4].copy_from_slice(&unsafe { hsum4(a[0], a[1]) });
+    }
+    out
+}
+
 /// How far ahead of each row's current block the kernels prefetch, bytes (a constant, so
 /// that it is an address displacement rather than eight more registers).
 pub const PREFETCH: usize = 512;
@@ -403,11 +415,7 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
             }
             fold_superblock::<1>(&mut acc, sum, d16);
         }
-        let mut out = [0f32; 8];
-        for (h, a) in acc.iter().enumerate() {
-            out[4 * h..4 * h + 4].copy_from_slice(&hsum4(a[0], a[1]));
-        }
-        out
+        hsum8(&acc)
     }
 }
 
@@ -661,11 +669,7 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 a[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[1]), a[1]);
             }
         }
-        let mut out = [0f32; 8];
-        for (h, a) in acc.iter().enumerate() {
-            out[4 * h..4 * h + 4].copy_from_slice(&hsum4(a[0], a[1]));
-        }
-        out
+        hsum8(&acc)
     }
 }
 
