@@ -593,7 +593,9 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// offset), converts it and fused-multiply-adds it with d_w·d_y. Here a 128-bit lane holds 16
 /// elements of one row, one scale group, so the scale is one word repeated across the lane
 /// and `vpdpwssd` applies it and accumulates in one step; the integers are the same, so the
-/// converted sums are ggml's.
+/// converted sums are ggml's. Both quads use each activation load and scale pattern before
+/// the next (half the loads of one quad after the other: on Zen 4, one thread, q6_K 4096²
+/// mat-vec 25.4 → 27.8 GB/s in L3).
 #[inline(always)]
 unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     const BLOCK: usize = 210;
@@ -621,52 +623,68 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 _mm512_broadcast_i32x4(_mm256_castsi256_si128(bs)),
                 _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(bs)),
             ];
-            for (h, a) in acc.iter_mut().enumerate() {
-                // the quad's scales as words: [groups 0-7, groups 8-15], lane j row 4h + j
+            // both quads' scales as words: [groups 0-7, groups 8-15], lane j row 4h + j
+            // (plain loops, not closures: a closure would be compiled without AVX-512)
+            let mut sc = [[zero; 2]; 2];
+            for (h, s) in sc.iter_mut().enumerate() {
                 let sc8 = quad(&wb, h, 192);
-                let sc = [
-                    _mm512_srai_epi16::<8>(_mm512_unpacklo_epi8(sc8, sc8)),
-                    _mm512_srai_epi16::<8>(_mm512_unpackhi_epi8(sc8, sc8)),
-                ];
-                // lanes 0-3 (t = 0) and 4-7 (t = 1) start from −32·Σ sc·bs, ggml's offset
-                let mut sum: [__m512i; 2] = [zero; 2];
-                for (t, s) in sum.iter_mut().enumerate() {
-                    let off = _mm512_slli_epi32::<5>(_mm512_madd_epi16(sc[t], bs[t]));
-                    *s = _mm512_sub_epi32(zero, off);
+                s[0] = _mm512_srai_epi16::<8>(_mm512_unpacklo_epi8(sc8, sc8));
+                s[1] = _mm512_srai_epi16::<8>(_mm512_unpackhi_epi8(sc8, sc8));
+            }
+            // per quad, lanes 0-3 (t = 0) and 4-7 (t = 1) start from −32·Σ sc·bs, ggml's
+            // offset
+            let mut sum = [[zero; 2]; 2];
+            for (s, c) in sum.iter_mut().zip(&sc) {
+                for t in 0..2 {
+                    let off = _mm512_slli_epi32::<5>(_mm512_madd_epi16(c[t], bs[t]));
+                    s[t] = _mm512_sub_epi32(zero, off);
                 }
-                for (h2, &sch) in sc.iter().enumerate() {
-                    let b1 = quad_pair(&wb, h, 64 * h2);
-                    let b2 = quad_pair(&wb, h, 64 * h2 + 32);
-                    let bh = quad_pair(&wb, h, 128 + 32 * h2);
-                    for (t, s) in sum.iter_mut().enumerate() {
-                        let (b1, b2, bh) = (b1[t], b2[t], bh[t]);
-                        // code = low four bits | two high bits << 4: (A & 15) | B
-                        let v = [
-                            (b1, _mm512_and_si512(_mm512_slli_epi16::<4>(bh), m30)),
-                            (b2, _mm512_and_si512(_mm512_slli_epi16::<2>(bh), m30)),
-                            (_mm512_srli_epi16::<4>(b1), _mm512_and_si512(bh, m30)),
-                            (
-                                _mm512_srli_epi16::<4>(b2),
-                                _mm512_and_si512(_mm512_srli_epi16::<2>(bh), m30),
-                            ),
-                        ];
-                        for (q, (lo, hi)) in v.into_iter().enumerate() {
+            }
+            // h2 picks the half of the superblock and, in `sc`, its scale vector
+            #[allow(clippy::needless_range_loop)]
+            for h2 in 0..2 {
+                // the two quads take each activation load and scale pattern in turn
+                let b1 = [quad_pair(&wb, 0, 64 * h2), quad_pair(&wb, 1, 64 * h2)];
+                let b2 = [
+                    quad_pair(&wb, 0, 64 * h2 + 32),
+                    quad_pair(&wb, 1, 64 * h2 + 32),
+                ];
+                let bh = [
+                    quad_pair(&wb, 0, 128 + 32 * h2),
+                    quad_pair(&wb, 1, 128 + 32 * h2),
+                ];
+                for t in 0..2 {
+                    for q in 0..4 {
+                        // elements 16t.. of the q-th 32 of this half; group 8·h2 + 2q + t
+                        let y = xb.add(4 + 128 * h2 + 32 * q + 16 * t);
+                        let y = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+                        let pick = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                            picks.add(2 * q + t) as *const __m128i
+                        ));
+                        for h in 0..2 {
+                            let (b1, b2, bh) = (b1[h][t], b2[h][t], bh[h][t]);
+                            // code = low four bits | two high bits << 4: (A & 15) | B
+                            let (lo, hi) = match q {
+                                0 => (b1, _mm512_and_si512(_mm512_slli_epi16::<4>(bh), m30)),
+                                1 => (b2, _mm512_and_si512(_mm512_slli_epi16::<2>(bh), m30)),
+                                2 => (_mm512_srli_epi16::<4>(b1), _mm512_and_si512(bh, m30)),
+                                _ => (
+                                    _mm512_srli_epi16::<4>(b2),
+                                    _mm512_and_si512(_mm512_srli_epi16::<2>(bh), m30),
+                                ),
+                            };
                             let code = _mm512_ternarylogic_epi32::<0xEC>(lo, hi, m4);
-                            // elements 16t.. of the q-th 32 of this half; group 8·h2 + 2q + t
-                            let y = xb.add(4 + 128 * h2 + 32 * q + 16 * t);
-                            let y = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
-                            let pick = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                                picks.add(2 * q + t) as *const __m128i,
-                            ));
-                            let scale = _mm512_shuffle_epi8(sch, pick);
+                            let scale = _mm512_shuffle_epi8(sc[h][h2], pick);
                             let pairs = _mm512_maddubs_epi16(code, y);
-                            *s = dpwssd(*s, pairs, scale);
+                            sum[h][t] = dpwssd(sum[h][t], pairs, scale);
                         }
                     }
                 }
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
                 let d = spread::<1, 0>(d16, h as i32);
-                a[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[0]), a[0]);
-                a[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[1]), a[1]);
+                a[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[h][0]), a[0]);
+                a[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[h][1]), a[1]);
             }
         }
         hsum8(&acc)
