@@ -885,7 +885,7 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, iq4_xs, q4_K and q6_K (prefetching
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K (prefetching
 /// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead; types
 /// without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
@@ -1945,6 +1945,7 @@ mod tests {
             DType::Q4_0,
             DType::Q4_1,
             DType::IQ4NL,
+            DType::MXFP4,
             DType::Q8_0,
             DType::Q5_0,
             DType::IQ4XS,
@@ -1970,6 +1971,11 @@ mod tests {
                             }
                             let mut w: Vec<u8> = (0..nb * ws).map(|_| next() as u8).collect();
                             for b in 0..nb {
+                                if t == DType::MXFP4 {
+                                    // an e8m0 scale byte, 2^-128 (subnormal) .. 2^12
+                                    w[b * ws] = (next() % 141) as u8;
+                                    continue;
+                                }
                                 let d = (0.01 + (next() % 1000) as f32 / 500.0)
                                     * if (r + b) % 3 == 0 { -1.0 } else { 1.0 };
                                 w[b * ws + d_at..b * ws + d_at + 2].copy_from_slice(

@@ -25,12 +25,19 @@ use tessera::DType;
 
 use super::qdot::avx2::{f16, SHUF_K4};
 use super::qdot::KVALUES_IQ4NL;
+use super::qdot_fp::{e8m0_half, KVALUES_FP4};
 
 /// Types with an eight-row kernel here.
 pub fn supported(t: DType) -> bool {
     matches!(
         t,
-        DType::Q4_0 | DType::Q4_1 | DType::IQ4NL | DType::IQ4XS | DType::Q4K | DType::Q6K
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::IQ4NL
+            | DType::MXFP4
+            | DType::IQ4XS
+            | DType::Q4K
+            | DType::Q6K
     )
 }
 
@@ -49,8 +56,9 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
     // SAFETY: forwarded (nb blocks behind every pointer).
     unsafe {
         match t {
-            DType::Q4_0 => offset_rows::<false>(wp, x.as_ptr(), nb),
-            DType::IQ4NL => offset_rows::<true>(wp, x.as_ptr(), nb),
+            DType::Q4_0 => offset_rows::<false, false>(wp, x.as_ptr(), nb),
+            DType::IQ4NL => offset_rows::<true, false>(wp, x.as_ptr(), nb),
+            DType::MXFP4 => offset_rows::<true, true>(wp, x.as_ptr(), nb),
             DType::Q4_1 => q4_1_rows(wp, x.as_ptr(), nb),
             DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows(wp, x.as_ptr(), k / 256),
@@ -70,6 +78,24 @@ unsafe fn quad(p: &[*const u8; 8], h: usize, off: usize) -> __m512i {
         let z = _mm512_inserti32x4::<1>(z, l(1));
         let z = _mm512_inserti32x4::<2>(z, l(2));
         _mm512_inserti32x4::<3>(z, l(3))
+    }
+}
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF` of the byte at `p[j]` for the eight rows: 2^(e−128), as
+/// the bits (e − 1) << 23, or 0x0020_0000 << e (subnormal) for e < 2.
+#[inline(always)]
+unsafe fn e8m0_half8(p: &[*const u8; 8]) -> __m256 {
+    // SAFETY: one readable byte at every address (caller).
+    unsafe {
+        let mut bytes = 0u64;
+        for (j, &r) in p.iter().enumerate() {
+            bytes |= (*r as u64) << (8 * j);
+        }
+        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+        _mm256_castsi256_ps(_mm256_blendv_epi8(tiny, normal, is_normal))
     }
 }
 
@@ -155,10 +181,10 @@ unsafe fn prefetch8(p: &[*const u8; 8]) {
     }
 }
 
-/// Block `i` of the eight rows of q4_0 or iq4_nl (see [`offset_rows`]) into `acc`
-/// ([half][lo, hi]); `book`: iq4_nl's codebook + 128 in every 128-bit lane.
+/// Block `i` of the eight rows of q4_0, iq4_nl or mxfp4 (see [`offset_rows`]) into `acc`
+/// ([half][lo, hi]); `book`: the codebook + 128 in every 128-bit lane.
 #[inline(always)]
-unsafe fn offset_block<const CODEBOOK: bool>(
+unsafe fn offset_block<const CODEBOOK: bool, const MX: bool>(
     wp: &[*const u8; 8],
     xp: *const u8,
     i: usize,
@@ -176,15 +202,19 @@ unsafe fn offset_block<const CODEBOOK: bool>(
         // −off·Σy per lane (exact: |Σ| ≤ 4·128·128)
         let nlo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, ylo));
         let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, yhi));
-        let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * 18));
+        // mxfp4: a 17-byte block, its e8m0 scale byte first; q4_0, iq4_nl: 18 bytes, f16 d
+        let (block, qs) = if MX { (17, 1) } else { (18, 2) };
+        let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * block));
         if i.is_multiple_of(2) {
             prefetch8(&wb);
         }
-        // ggml's d = d_w·d_y per row (q4_0's product order; iq4_nl's d_y·d_w is the same)
-        let d8 = _mm256_mul_ps(halves8(&wb, 0), _mm256_set1_ps(f16(xb)));
+        // ggml's d = d_w·d_y per row (q4_0's product order; iq4_nl's d_y·d_w and mxfp4's
+        // d_y·e8m0_half(e) are the same products)
+        let dw = if MX { e8m0_half8(&wb) } else { halves8(&wb, 0) };
+        let d8 = _mm256_mul_ps(dw, _mm256_set1_ps(f16(xb)));
         let d16 = _mm512_castps256_ps512(d8);
         for (h, a) in acc.iter_mut().enumerate() {
-            let z = quad(&wb, h, 2);
+            let z = quad(&wb, h, qs);
             let mut lo = _mm512_and_si512(z, m4);
             let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
             if CODEBOOK {
@@ -200,20 +230,22 @@ unsafe fn offset_block<const CODEBOOK: bool>(
     }
 }
 
-/// q4_0 (`CODEBOOK` false: values nibble − 8, one accumulator) or iq4_nl (true: values
+/// q4_0 (`CODEBOOK` false: values nibble − 8, one accumulator), iq4_nl (true: values
 /// `KVALUES_IQ4NL[nibble]`, ggml's two accumulators, even blocks in one and odd ones in the
-/// other, an odd last block added after the sum, as its generic tail computes it).
+/// other, an odd last block added after the sum, as its generic tail computes it) or, with
+/// `MX`, mxfp4 (the same with `KVALUES_FP4` and its e8m0 scales, as its `vec_dot` does).
 #[inline(always)]
-unsafe fn offset_rows<const CODEBOOK: bool>(
+unsafe fn offset_rows<const CODEBOOK: bool, const MX: bool>(
     wp: [*const u8; 8],
     xp: *const u8,
     nb: usize,
 ) -> [f32; 8] {
-    // SAFETY: nb 18-byte blocks behind every row and nb q8_0 blocks behind xp (caller).
+    // SAFETY: nb 18-byte (mxfp4: 17-byte) blocks behind every row and nb q8_0 blocks behind
+    // xp (caller).
     unsafe {
-        // the unsigned operand: the nibble itself (q4_0) or its value + 128 (iq4_nl)
+        // the unsigned operand: the nibble itself (q4_0) or its value + 128 (the codebooks)
         let book = if CODEBOOK {
-            codebook_128()
+            codebook_128(if MX { &KVALUES_FP4 } else { &KVALUES_IQ4NL })
         } else {
             _mm512_setzero_si512()
         };
@@ -223,8 +255,8 @@ unsafe fn offset_rows<const CODEBOOK: bool>(
         let body = if CODEBOOK { nb / 2 * 2 } else { nb };
         let mut i = 0;
         while i + 2 <= body {
-            offset_block::<CODEBOOK>(&wp, xp, i, book, &mut even);
-            offset_block::<CODEBOOK>(
+            offset_block::<CODEBOOK, MX>(&wp, xp, i, book, &mut even);
+            offset_block::<CODEBOOK, MX>(
                 &wp,
                 xp,
                 i + 1,
@@ -234,7 +266,7 @@ unsafe fn offset_rows<const CODEBOOK: bool>(
             i += 2;
         }
         if i < body {
-            offset_block::<CODEBOOK>(&wp, xp, i, book, &mut even);
+            offset_block::<CODEBOOK, MX>(&wp, xp, i, book, &mut even);
         }
         let acc = [even, odd];
         let mut out = [0f32; 8];
@@ -250,8 +282,15 @@ unsafe fn offset_rows<const CODEBOOK: bool>(
             out[4 * h..4 * h + 4].copy_from_slice(&hsum4(lo, hi));
         }
         if CODEBOOK && body < nb {
+            let xb = xp.add(body * 34);
             for (r, o) in out.iter_mut().enumerate() {
-                *o += super::qdot::avx2::iq4_nl_odd_block(wp[r].add(body * 18), xp.add(body * 34));
+                *o += if MX {
+                    let wb = wp[r].add(body * 17);
+                    let d = f16(xb) * e8m0_half(*wb);
+                    super::qdot::avx2::codebook_odd_block(d, wb.add(1), xb, &KVALUES_FP4)
+                } else {
+                    super::qdot::avx2::iq4_nl_odd_block(wp[r].add(body * 18), xb)
+                };
             }
         }
         out
@@ -309,9 +348,9 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
 
 /// iq4_nl's codebook (`KVALUES_IQ4NL`) + 128, as unsigned bytes, in every 128-bit lane.
 #[inline(always)]
-unsafe fn codebook_128() -> __m512i {
+unsafe fn codebook_128(table: &[i8; 16]) -> __m512i {
     let mut b = [0u8; 16];
-    for (o, &v) in b.iter_mut().zip(KVALUES_IQ4NL.iter()) {
+    for (o, &v) in b.iter_mut().zip(table.iter()) {
         *o = (v as i16 + 128) as u8;
     }
     // SAFETY: 16 readable bytes.
@@ -372,7 +411,7 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
         let m4 = _mm512_set1_epi8(15);
         let zero = _mm512_setzero_si512();
         let off = _mm512_set1_epi8(-128);
-        let book = codebook_128();
+        let book = codebook_128(&KVALUES_IQ4NL);
         // sub-block j of a quad's four rows: lanes j, 8 + j (first pair), 16 + j, 24 + j
         let pick0 = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
         let mut acc = [[_mm512_setzero_ps(); 2]; 2];
