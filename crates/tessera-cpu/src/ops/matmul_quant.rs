@@ -1033,7 +1033,7 @@ mod avx2 {
     use tessera::DType;
 
     use crate::ops::qdot::avx2::{
-        bits_to_bytes, codebook_odd_block, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, nibbles,
+        bits_to_bytes, dot4, dot4_i8, iq4_nl_odd_block, iq4_values, mxfp4_odd_block, nibbles,
     };
     use crate::ops::qdot_fp::{e8m0_half, KVALUES_FP4};
 
@@ -1049,13 +1049,6 @@ mod avx2 {
             ));
             _mm256_shuffle_epi8(values, nibbles(p))
         }
-    }
-
-    /// An odd last mxfp4 block the way ggml's `vec_dot` ends: `d·Σ`, not fused.
-    #[inline]
-    unsafe fn mxfp4_odd_block(wb: *const u8, xb: *const u8) -> f32 {
-        // SAFETY: one mxfp4 block at wb and one q8_0 block at xb (caller).
-        unsafe { codebook_odd_block(f16(xb) * e8m0_half(*wb), wb.add(1), xb, &KVALUES_FP4) }
     }
 
     #[inline]

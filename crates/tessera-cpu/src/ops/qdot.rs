@@ -1206,6 +1206,15 @@ pub(crate) mod avx2 {
         unsafe { codebook_odd_block(f16(xb) * f16(wb), wb.add(2), xb, &KVALUES_IQ4NL) }
     }
 
+    /// An odd last mxfp4 block the way ggml's `vec_dot` ends: `d·Σ`, not fused.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn mxfp4_odd_block(wb: *const u8, xb: *const u8) -> f32 {
+        use crate::ops::qdot_fp::{e8m0_half, KVALUES_FP4};
+        // SAFETY: one mxfp4 block at wb and one q8_0 block at xb (caller).
+        unsafe { codebook_odd_block(f16(xb) * e8m0_half(*wb), wb.add(1), xb, &KVALUES_FP4) }
+    }
+
     /// The generic tail of a 4-bit codebook block (iq4_nl, mxfp4): `d·Σ` of its 16 code bytes at
     /// `codes` (low nibbles against the q8_0 block's first 16 values, high ones against the
     /// last 16) through `table`, the multiply not fused.

@@ -25,7 +25,7 @@ use tessera::DType;
 
 use super::qdot::avx2::{f16, SHUF_K4};
 use super::qdot::KVALUES_IQ4NL;
-use super::qdot_fp::{e8m0_half, KVALUES_FP4};
+use super::qdot_fp::KVALUES_FP4;
 
 /// Types with an eight-row kernel here.
 pub fn supported(t: DType) -> bool {
@@ -285,9 +285,7 @@ unsafe fn offset_rows<const CODEBOOK: bool, const MX: bool>(
             let xb = xp.add(body * 34);
             for (r, o) in out.iter_mut().enumerate() {
                 *o += if MX {
-                    let wb = wp[r].add(body * 17);
-                    let d = f16(xb) * e8m0_half(*wb);
-                    super::qdot::avx2::codebook_odd_block(d, wb.add(1), xb, &KVALUES_FP4)
+                    super::qdot::avx2::mxfp4_odd_block(wp[r].add(body * 17), xb)
                 } else {
                     super::qdot::avx2::iq4_nl_odd_block(wp[r].add(body * 18), xb)
                 };
@@ -346,7 +344,8 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     }
 }
 
-/// iq4_nl's codebook (`KVALUES_IQ4NL`) + 128, as unsigned bytes, in every 128-bit lane.
+/// A 4-bit codebook (`KVALUES_IQ4NL`, `KVALUES_FP4`) + 128, as unsigned bytes, in every
+/// 128-bit lane.
 #[inline(always)]
 unsafe fn codebook_128(table: &[i8; 16]) -> __m512i {
     let mut b = [0u8; 16];
