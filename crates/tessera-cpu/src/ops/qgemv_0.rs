@@ -431,24 +431,36 @@ unsafe fn iq4_xs_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] 
             ];
             // Σ_j ls_j·p_jl, exact in f32 ([half][lo, hi])
             let mut sum = [[_mm512_setzero_ps(); 2]; 2];
-            for j in 0..8 {
-                let y = xb.add(4 + 32 * j);
-                let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
-                let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
-                // −128·Σy per lane
-                let nlo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, ylo));
-                let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, yhi));
-                let pick = _mm512_add_epi32(pick0, _mm512_set1_epi32(j as i32));
-                for (h, s) in sum.iter_mut().enumerate() {
-                    let z = quad(&wb, h, 8 + 16 * j);
-                    let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
-                    let hi =
-                        _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4));
-                    let l = _mm512_permutex2var_ps(ls[2 * h], pick, ls[2 * h + 1]);
-                    let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
-                    let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nhi, hi, yhi));
-                    s[0] = _mm512_fmadd_ps(l, plo, s[0]);
-                    s[1] = _mm512_fmadd_ps(l, phi, s[1]);
+            for jj in 0..4 {
+                // sub-blocks 2jj and 2jj + 1 of both quads (32 bytes a row)
+                let (q0, q1) = (
+                    quad_pair(&wb, 0, 8 + 32 * jj),
+                    quad_pair(&wb, 1, 8 + 32 * jj),
+                );
+                // [sub-block][quad]
+                let zz = [[q0[0], q1[0]], [q0[1], q1[1]]];
+                for (js, zj) in zz.iter().enumerate() {
+                    let j = 2 * jj + js;
+                    let y = xb.add(4 + 32 * j);
+                    let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+                    let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
+                    // −128·Σy per lane
+                    let nlo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, ylo));
+                    let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, yhi));
+                    let pick = _mm512_add_epi32(pick0, _mm512_set1_epi32(j as i32));
+                    for (h, s) in sum.iter_mut().enumerate() {
+                        let z = zj[h];
+                        let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
+                        let hi = _mm512_shuffle_epi8(
+                            book,
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
+                        );
+                        let l = _mm512_permutex2var_ps(ls[2 * h], pick, ls[2 * h + 1]);
+                        let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
+                        let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nhi, hi, yhi));
+                        s[0] = _mm512_fmadd_ps(l, plo, s[0]);
+                        s[1] = _mm512_fmadd_ps(l, phi, s[1]);
+                    }
                 }
             }
             fold_superblock::<1>(&mut acc, sum, d16);
@@ -542,9 +554,10 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 for (h, s) in sum.iter_mut().enumerate() {
                     let sl = _mm512_permutex2var_ps(scf[h][0], pick_l, scf[h][1]);
                     let sh = _mm512_permutex2var_ps(scf[h][0], pick_h, scf[h][1]);
+                    // bytes 16·half.. of the sub-block pair's 32: ggml's lanes 4·half..
+                    let zz = quad_pair(&wb, h, 16 + 32 * j);
                     for (half, a) in s.iter_mut().enumerate() {
-                        // bytes 16·half.. of the sub-block pair's 32: ggml's lanes 4·half..
-                        let z = quad(&wb, h, 16 + 32 * j + 16 * half);
+                        let z = zz[half];
                         let lo = _mm512_and_si512(z, m4);
                         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
                         // sub-block 2j: low nibbles; 2j + 1: high nibbles, 32 values later
