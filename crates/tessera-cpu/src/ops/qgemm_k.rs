@@ -99,11 +99,15 @@ pub fn applies(t: DType, cols_per_batch: usize) -> bool {
 /// Rows of weights unpacked at a time, and column groups accumulated at a time (per thread).
 const RB: usize = 32;
 const GC: usize = 64;
+/// Floats between accumulator rows: `GC` groups of columns and one cache line more, so that
+/// the rows (read column by column when the window is stored) do not share L1 sets as rows
+/// 2 KiB apart would.
+const ACC_STRIDE: usize = GC * GROUP + 16;
 
 /// Bytes of per-thread scratch the driver needs for rows of `k` elements: the unpacked blocks
 /// of `RB` whole rows and the accumulators of `RB` rows × `GC` groups.
 pub fn scratch_size(k: usize) -> usize {
-    RB * (k / QK_K).max(1) * std::mem::size_of::<WBlock>() + RB * GC * GROUP * 4 + 64
+    RB * (k / QK_K).max(1) * std::mem::size_of::<WBlock>() + RB * ACC_STRIDE * 4 + 64
 }
 
 /// One weight block unpacked: a code per element (unsigned; iq4_xs: the signed codebook value's
@@ -799,14 +803,14 @@ pub unsafe fn run(
     let bsz = t.type_size();
     let pb = packed_bytes(t);
     let al = scratch.align_offset(32);
-    // SAFETY: the scratch holds RB·nb WBlocks after aligning to 32 and then RB·GC·8 f32
-    // (`scratch_size(k)`, caller).
+    // SAFETY: the scratch holds RB·nb WBlocks after aligning to 32 and then RB·ACC_STRIDE
+    // f32 (`scratch_size(k)`, caller).
     let (wbs, accs) = unsafe {
         let w = scratch.add(al) as *mut WBlock;
         let acc = scratch.add(al + RB * nb * std::mem::size_of::<WBlock>()) as *mut f32;
         (
             std::slice::from_raw_parts_mut(w, RB * nb),
-            std::slice::from_raw_parts_mut(acc, RB * GC * GROUP),
+            std::slice::from_raw_parts_mut(acc, RB * ACC_STRIDE),
         )
     };
     #[cfg(target_arch = "x86_64")]
@@ -831,7 +835,7 @@ pub unsafe fn run(
         let _ = isa;
         false
     };
-    let stride = GC * GROUP;
+    let stride = ACC_STRIDE;
     // AVX-512: as many pairs of groups at a time as keep their packed blocks of the whole row
     // within 1 MiB (L2), so that every window of rows finds them there (64 groups of a
     // 4096-long row would be 2.5 MiB): 1.1-1.2x at K = 4096
@@ -904,15 +908,20 @@ pub unsafe fn run(
                     g += 1;
                 }
             }
-            // store the window: result (column c, row r)
+            // store the window: result (column c, row r), column by column so that each
+            // column's rows are written contiguously (row by row, every store would go to
+            // another column: another page, and for d_nb1 a multiple of 4 KiB the same L1 set)
             let valid = (b.cols - g0 * GROUP).min(gn * GROUP);
-            for r in 0..rn {
-                for c in 0..valid {
-                    // SAFETY: column g0·8 + c < cols and row r0 + r in `rows` (caller).
-                    unsafe {
-                        *(b.dst.add((g0 * GROUP + c) * b.d_nb1 + 4 * (r0 + r)) as *mut f32) =
-                            accs[r * stride + c];
-                    }
+            for c in 0..valid {
+                // SAFETY: column g0·8 + c < cols and rows r0 .. r0 + rn in `rows` (caller).
+                let col = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        b.dst.add((g0 * GROUP + c) * b.d_nb1 + 4 * r0) as *mut f32,
+                        rn,
+                    )
+                };
+                for (r, y) in col.iter_mut().enumerate() {
+                    *y = accs[r * stride + c];
                 }
             }
             g0 += gn;
