@@ -725,13 +725,12 @@ mod avx2 {
             let mut r0 = 0;
             while r0 < nr {
                 let n8 = (nr - r0).min(8);
-                let v: [__m256; 8] = std::array::from_fn(|j| {
-                    if j < n8 {
-                        finish_v(acc.add((r0 + j) * stride), ls, second, q41)
-                    } else {
-                        _mm256_setzero_ps()
-                    }
-                });
+                // (plain loops, not closures: a closure would be compiled without AVX and
+                // called, with a `vzeroupper` on every return)
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (j, vj) in v.iter_mut().enumerate().take(n8) {
+                    *vj = finish_v(acc.add((r0 + j) * stride), ls, second, q41);
+                }
                 let cols = transpose8(v);
                 for (c, col) in cols.iter().enumerate().take(vc) {
                     let o = (dst.add(c * d_nb1) as *mut f32).add(r0);
@@ -760,15 +759,16 @@ mod avx2 {
         // SAFETY: 9 vectors of 8 readable floats, ls apart, at acc, and 8 at acc + second if
         // second > 0 (caller).
         unsafe {
-            let a: [__m256; 9] = std::array::from_fn(|i| {
+            let mut a = [_mm256_setzero_ps(); 9];
+            for (i, ai) in a.iter_mut().enumerate() {
                 let v = _mm256_loadu_ps(acc.add(ls * i));
-                if second > 0 && i < 8 {
+                *ai = if second > 0 && i < 8 {
                     // ggml's _mm256_add_ps(accum1, accum2)
                     _mm256_add_ps(v, _mm256_loadu_ps(acc.add(second + ls * i)))
                 } else {
                     v
-                }
-            });
+                };
+            }
             let r0 = _mm256_add_ps(a[0], a[4]);
             let r1 = _mm256_add_ps(a[1], a[5]);
             let r2 = _mm256_add_ps(a[2], a[6]);
