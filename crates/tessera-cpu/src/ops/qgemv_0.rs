@@ -240,6 +240,8 @@ unsafe fn offset_rows<const CODEBOOK: bool, const MX: bool>(
     xp: *const u8,
     nb: usize,
 ) -> [f32; 8] {
+    // mxfp4 is a codebook type: `MX` without `CODEBOOK` names no format
+    const { assert!(CODEBOOK || !MX) };
     // SAFETY: nb 18-byte (mxfp4: 17-byte) blocks behind every row and nb q8_0 blocks behind
     // xp (caller).
     unsafe {
