@@ -885,9 +885,9 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K (prefetching
-/// `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead; types
-/// without four-row kernels row by row).
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K
+/// (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
+/// types without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
     if eight_row_kernel(isa, t) {
