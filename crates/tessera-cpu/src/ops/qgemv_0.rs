@@ -583,7 +583,7 @@ struct Q4Consts {
     d: __m512,
 }
 
-/// Rows 2P and 2P + 1 of quad `q` (`w`, the quad's four superblocks; `r0`, its first row)
+/// Rows 2P and 2P + 1 of a quad (`w`, its four rows' superblocks; `r0`, its first row)
 /// into `acc` (lanes 0-7 row 2P, 8-15 row 2P + 1): each row's 16 dword lanes, lanes l and
 /// l + 8 added (ggml's lane l), converted and fused-multiply-added with the row's d.
 #[inline(always)]
