@@ -626,6 +626,22 @@ unsafe fn q4_k_pair<const P: usize>(
     }
 }
 
+/// `vpermw` indices for q6_K: lane j of the c-th 64-element vector of a superblock takes its
+/// scale word 4c + j.
+static SCALE_PICK_Q6: [[u16; 32]; 4] = {
+    let mut t = [[0u16; 32]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut w = 0;
+        while w < 32 {
+            t[c][w] = (4 * c + w / 8) as u16;
+            w += 1;
+        }
+        c += 1;
+    }
+    t
+};
+
 /// `vpermw` indices into a quad's scales (row j's eight words at 8j): for row j and the
 /// c-th vector of codes (c = 2h + high nibbles), sub-block 4h + (c & 1) in the lower half
 /// and 4h + 2 + (c & 1) in the upper.
@@ -715,20 +731,6 @@ unsafe fn load32(p: *const u8) -> __m256i {
 unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     const BLOCK: usize = 210;
     const Q8K: usize = 292;
-    /// `vpermw` indices: lane j of the c-th 64-element vector takes scale word 4c + j.
-    static SCALE_PICK: [[u16; 32]; 4] = {
-        let mut t = [[0u16; 32]; 4];
-        let mut c = 0;
-        while c < 4 {
-            let mut w = 0;
-            while w < 32 {
-                t[c][w] = (4 * c + w / 8) as u16;
-                w += 1;
-            }
-            c += 1;
-        }
-        t
-    };
     // SAFETY: nb 210-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
     // the tables are 64 bytes each; prefetches never fault.
     unsafe {
@@ -740,7 +742,7 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
         let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
         let mut pick = [_mm512_setzero_si512(); 4];
-        for (p, t) in pick.iter_mut().zip(&SCALE_PICK) {
+        for (p, t) in pick.iter_mut().zip(&SCALE_PICK_Q6) {
             *p = _mm512_loadu_si512(t.as_ptr() as *const _);
         }
         let mut acc = [_mm512_setzero_ps(); 4];
