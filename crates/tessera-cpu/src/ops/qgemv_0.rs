@@ -168,6 +168,16 @@ unsafe fn hsum8(acc: &[[__m512; 2]; 2]) -> [f32; 8] {
     out
 }
 
+/// An accumulator of the high nibbles' sums, which the kernels take as 16·code (no shift):
+/// every term and so every partial sum is 16 times ggml's, exactly (a power of two; the terms
+/// are multiples of 2^-48, far from the subnormals, and at most about 2^64), so one exact
+/// multiplication by 1/16 gives ggml's lanes.
+#[inline(always)]
+unsafe fn unscale16(v: __m512) -> __m512 {
+    // SAFETY: register arithmetic only.
+    unsafe { _mm512_mul_ps(v, _mm512_set1_ps(0.0625)) }
+}
+
 /// How far ahead of each row's current block the kernels prefetch, bytes (a constant, so
 /// that it is an address displacement rather than eight more registers).
 pub const PREFETCH: usize = 512;
@@ -196,12 +206,15 @@ unsafe fn offset_block<const CODEBOOK: bool, const MX: bool>(
         let m4 = _mm512_set1_epi8(15);
         let zero = _mm512_setzero_si512();
         let off = _mm512_set1_epi8(if CODEBOOK { -128 } else { 8 });
+        // the codebooks' 128, or 16·8 for q4_0's high nibbles, which stay in place (16·code;
+        // see [`unscale16`])
+        let off_hi = _mm512_set1_epi8(-128);
         let xb = xp.add(i * 34);
         let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
         let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
         // −off·Σy per lane (exact: |Σ| ≤ 4·128·128)
         let nlo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, ylo));
-        let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, yhi));
+        let nhi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off_hi, yhi));
         // mxfp4: a 17-byte block, its e8m0 scale byte first; q4_0, iq4_nl: 18 bytes, f16 d
         let (block, qs) = if MX { (17, 1) } else { (18, 2) };
         let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * block));
@@ -216,10 +229,10 @@ unsafe fn offset_block<const CODEBOOK: bool, const MX: bool>(
         for (h, a) in acc.iter_mut().enumerate() {
             let z = quad(&wb, h, qs);
             let mut lo = _mm512_and_si512(z, m4);
-            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+            let mut hi = _mm512_andnot_si512(m4, z);
             if CODEBOOK {
                 lo = _mm512_shuffle_epi8(book, lo);
-                hi = _mm512_shuffle_epi8(book, hi);
+                hi = _mm512_shuffle_epi8(book, _mm512_srli_epi16::<4>(hi));
             }
             let d = spread::<1, 0>(d16, h as i32);
             let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
@@ -279,7 +292,7 @@ unsafe fn offset_rows<const CODEBOOK: bool, const MX: bool>(
                     _mm512_add_ps(acc[0][h][1], acc[1][h][1]),
                 )
             } else {
-                (acc[0][h][0], acc[0][h][1])
+                (acc[0][h][0], unscale16(acc[0][h][1]))
             };
             out[4 * h..4 * h + 4].copy_from_slice(&hsum4(lo, hi));
         }
@@ -326,7 +339,7 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
             for (h, a) in acc.iter_mut().enumerate() {
                 let z = quad(&wb, h, 4);
                 let lo = _mm512_and_si512(z, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+                let hi = _mm512_andnot_si512(m4, z);
                 let d = spread::<2, 0>(d16, h as i32);
                 let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, lo, ylo));
                 let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, hi, yhi));
@@ -338,7 +351,10 @@ unsafe fn q4_1_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         _mm512_storeu_ps(s.as_mut_ptr(), summs);
         let mut out = [0f32; 8];
         for h in 0..2 {
-            for (j, v) in hsum4(acc[h][0], acc[h][1]).into_iter().enumerate() {
+            for (j, v) in hsum4(acc[h][0], unscale16(acc[h][1]))
+                .into_iter()
+                .enumerate()
+            {
                 out[4 * h + j] = v + s[2 * (4 * h + j) + 1];
             }
         }
