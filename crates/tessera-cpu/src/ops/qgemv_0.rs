@@ -17,7 +17,9 @@
 //! The integers: q4_0's values n − 8 and the codebook values v of iq4_nl and iq4_xs are
 //! signed, so the unsigned operand of `vpdpbusd` is n (or v + 128, a second codebook) and the
 //! signed one the activations; each lane starts from −8·Σy (−128·Σy), computed once per block
-//! for all eight rows. q4_1's codes are unsigned already.
+//! for all eight rows. q4_1's codes are unsigned already. q4_0 and q4_1 take their high
+//! nibbles in place, as 16·n (one mask, no shift): those lanes see 16 times ggml's integers
+//! and floats, exactly, until one exact multiplication by 1/16 before the sum (`unscale16`).
 
 use std::arch::x86_64::*;
 
