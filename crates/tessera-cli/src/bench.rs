@@ -332,11 +332,9 @@ fn bench_quant(
     )
 }
 
-/// The machine's read bandwidth from memory with `threads` threads, GB/s: each thread sums its
-/// share of a `bytes`-long buffer (far larger than the caches) as 1, 4 and 8 interleaved
-/// streams; the best of the three medians is reported (on this VM one stream per thread draws
-/// 60-70 % of what several do, and which count is best varies from run to run).
-fn bench_read_bandwidth(threads: usize, reps: usize, bytes: usize) -> f64 {
+/// One pass of `threads` threads over `buf`, each summing its share as `streams` interleaved
+/// streams: GB/s read.
+fn read_pass(buf: &[u64], threads: usize, streams: usize) -> f64 {
     fn sum(c: &[u64], streams: usize) -> u64 {
         let part = c.len() / streams / 8 * 8;
         let mut acc = [0u64; 8];
@@ -352,32 +350,25 @@ fn bench_read_bandwidth(threads: usize, reps: usize, bytes: usize) -> f64 {
             .chain(&c[streams * part..])
             .fold(0, |a, &x| a.wrapping_add(x))
     }
-    let n = bytes / 8;
-    let buf: Vec<u64> = (0..n as u64).collect();
-    let chunk = n.div_ceil(threads.max(1));
-    [1, 4, 8]
-        .iter()
-        .map(|&streams| {
-            let secs = time(reps, || {
-                let total = std::thread::scope(|sc| {
-                    let hs: Vec<_> = buf
-                        .chunks(chunk)
-                        .map(|c| sc.spawn(move || sum(std::hint::black_box(c), streams)))
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().expect("bandwidth thread"))
-                        .fold(0u64, u64::wrapping_add)
-                });
-                std::hint::black_box(total);
-            });
-            (n * 8) as f64 / secs / 1e9
-        })
-        .fold(0.0, f64::max)
+    let chunk = buf.len().div_ceil(threads.max(1));
+    let t = Instant::now();
+    let total = std::thread::scope(|sc| {
+        let hs: Vec<_> = buf
+            .chunks(chunk)
+            .map(|c| sc.spawn(move || sum(std::hint::black_box(c), streams)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("bandwidth thread"))
+            .fold(0u64, u64::wrapping_add)
+    });
+    std::hint::black_box(total);
+    std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
-/// GB/s of weights streamed by a mat-vec over a `bytes`-sized matrix of type `t` (K = 16384;
-/// the rows repeat one random 64-row block, which does not matter to a stream from memory).
-fn bench_big_matvec(cpu: &CpuBackend, reps: usize, t: DType, bytes: usize) -> f64 {
+/// A mat-vec over a `bytes`-sized matrix of type `t` (K = 16384; the rows repeat one random
+/// 64-row block, which does not matter to a stream from memory), ready to compute: the
+/// session, and the matrix's size in bytes.
+fn big_matvec(t: DType, bytes: usize) -> (Session, usize) {
     let k = 16384;
     let row = t.row_size(k).expect("row size");
     let m = (bytes / row).div_ceil(64) * 64;
@@ -396,8 +387,7 @@ fn bench_big_matvec(cpu: &CpuBackend, reps: usize, t: DType, bytes: usize) -> f6
         s.set_bytes(a, &all).expect("set bytes");
     }
     fill(&mut s, b, 8);
-    let secs = time_short(reps, || s.compute(cpu).unwrap());
-    (row * m) as f64 / secs / 1e9
+    (s, row * m)
 }
 
 /// Types of the large mat-vec beside the read bandwidth.
@@ -512,22 +502,46 @@ fn section_quant(o: &Opts) {
 
 fn section_bandwidth(o: &Opts) {
     const BYTES: usize = 256 << 20;
+    // pairs of one read pass (the best of 1, 4 and 8 streams) and one mat-vec, back to back
+    let pairs = o.reps.max(9);
     println!();
-    println!("mat-vec of a 256 MiB matrix (8x the L3 of this machine) vs the read bandwidth from memory, GB/s");
-    println!("| threads | read bandwidth | type | mat-vec GB/s | share of bandwidth |");
+    println!("mat-vec of a 256 MiB matrix (8x the L3 of this machine) vs the read bandwidth from memory, GB/s ({pairs} pairs of a read pass and a mat-vec, back to back; medians)");
+    println!("| threads | read bandwidth | type | mat-vec GB/s | share of bandwidth (range over pairs) |");
     println!("|---|---|---|---|---|");
+    let buf: Vec<u64> = (0..(BYTES / 8) as u64).collect();
     for &th in &o.threads {
         let cpu = CpuBackend::new(th);
         for &t in BIG_MATVEC_TYPES
             .iter()
             .filter(|t| o.types.is_empty() || o.types.contains(t))
         {
-            // The bandwidth is measured next to each type, so a host slowdown shows in both.
-            let bw = bench_read_bandwidth(th, o.reps, BYTES);
-            let mv = bench_big_matvec(&cpu, o.reps, t, BYTES);
+            // Each mat-vec is paired with a read pass just before it, so a host slowdown,
+            // which here lasts seconds, shows in both halves of a pair.
+            let (mut s, bytes) = big_matvec(t, BYTES);
+            s.compute(&cpu).unwrap();
+            read_pass(&buf, th, 8);
+            let (mut bw, mut mv, mut share) = (vec![], vec![], vec![]);
+            for _ in 0..pairs {
+                let r = [1, 4, 8]
+                    .iter()
+                    .map(|&streams| read_pass(&buf, th, streams))
+                    .fold(0.0, f64::max);
+                let t0 = Instant::now();
+                s.compute(&cpu).unwrap();
+                let m = bytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
+                bw.push(r);
+                mv.push(m);
+                share.push(m / r);
+            }
+            let lo = share.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = share.iter().copied().fold(0.0, f64::max);
             println!(
-                "| {th} | {bw:.1} | {t} | {mv:.1} | {:.0} % |",
-                100.0 * mv / bw
+                "| {th} | {:.1} | {t} | {:.1} | {:.0} % ({:.0}–{:.0}) |",
+                median(bw),
+                median(mv),
+                100.0 * median(share),
+                100.0 * lo,
+                100.0 * hi
             );
         }
     }
