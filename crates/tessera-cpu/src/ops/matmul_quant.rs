@@ -1964,7 +1964,7 @@ mod tests {
             // where the block's f16 scale d lies
             let d_at = if t == DType::Q6K { 208 } else { 0 };
             let (ws, xs) = (t.type_size(), vdt.type_size());
-            for nb in [1usize, 2, 3, 8, 37] {
+            for nb in [1usize, 2, 3, 8, 16, 17, 37] {
                 let k = t.block_size() * nb;
                 for case in 0..5 {
                     let rows: Vec<Vec<u8>> = (0..8)
