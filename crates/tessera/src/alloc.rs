@@ -124,6 +124,32 @@ impl Plan {
             }
         }
 
+        // An interleaved leaf (see `crate::layout`) is read by no kernel but mul_mat's for its
+        // first operand: anything else (a view, a copy, get_rows, an output) would see
+        // scrambled rows.
+        for &id in &nodes {
+            let t = graph.tensor(id);
+            for (i, &s) in t
+                .src
+                .iter()
+                .chain(t.view_of.as_ref().map(|v| &v.src))
+                .enumerate()
+            {
+                let st = graph.tensor(s);
+                let ok = i == 0 && matches!(t.op, Op::MulMat) && t.view_of.is_none();
+                if st.layout != crate::layout::RowLayout::Plain && !ok {
+                    return Err(Error::Invalid(format!(
+                        "plan: tensor {s} '{}' ({}) has interleaved rows, which only mul_mat \
+                         reads (as its first operand); node {id} '{}' ({}) reads it as source {i}",
+                        st.name,
+                        st.describe(),
+                        t.name,
+                        t.op
+                    )));
+                }
+            }
+        }
+
         // Last position (in `nodes`) at which each storage owner is read. Outputs and flagged
         // tensors are pinned: their memory is never given to anyone else.
         const PINNED: usize = usize::MAX;

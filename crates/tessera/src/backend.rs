@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::alloc::{Loc, Plan, Region, ALIGN};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::layout::{deinterleave8, interleave8, RowLayout};
 use crate::op::Op;
 use crate::shape::{is_contiguous, nelements};
 use crate::tensor::{Tensor, TensorId};
@@ -308,8 +309,12 @@ impl Session {
                 "set_bytes: tensor {id} is bound to read-only external memory"
             ))
         })?;
-        dst.copy_from_slice(bytes);
-        Ok(())
+        if t.layout == RowLayout::Plain {
+            dst.copy_from_slice(bytes);
+            Ok(())
+        } else {
+            interleave8(t.dtype, t.nb[1], bytes, dst)
+        }
     }
 
     /// Sets a leaf from f32 values in logical order, converting to its type (f32, f16, bf16,
@@ -335,7 +340,12 @@ impl Session {
                 "set_f32: tensor {id} is bound to read-only external memory"
             ))
         })?;
-        crate::reference::scatter(&t, &dense, dst)
+        if t.layout == RowLayout::Plain {
+            return crate::reference::scatter(&t, &dense, dst);
+        }
+        let mut plain = vec![0u8; dst.len()];
+        crate::reference::scatter(&t, &dense, &mut plain)?;
+        interleave8(t.dtype, t.nb[1], &plain, dst)
     }
 
     /// Sets an i32 leaf.
@@ -438,6 +448,11 @@ impl Session {
     pub fn get_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
         let t: &Tensor = self.graph.tensor(id);
         let bytes = self.mem.tensor_bytes(&self.graph, &self.plan, id)?;
+        if t.layout != RowLayout::Plain {
+            let mut plain = vec![0u8; bytes.len()];
+            deinterleave8(t.dtype, t.nb[1], bytes, &mut plain)?;
+            return Ok(plain);
+        }
         if t.is_contiguous() {
             return Ok(bytes.to_vec());
         }

@@ -1,6 +1,7 @@
 //! Tensor metadata. A tensor is a description (type, shape, strides, the op that makes it, its
 //! sources) over memory that the planner assigns later; it holds no data itself.
 
+use crate::layout::RowLayout;
 use crate::op::Op;
 use crate::shape::{fmt_ne, Nb, Ne};
 use crate::DType;
@@ -53,6 +54,8 @@ pub struct Tensor {
     pub view_of: Option<ViewOf>,
     pub name: String,
     pub flags: Flags,
+    /// How the rows lie in memory (only leaves set it; see [`crate::layout`]).
+    pub layout: RowLayout,
 }
 
 impl Tensor {

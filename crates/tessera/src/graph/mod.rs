@@ -8,6 +8,7 @@ mod dot;
 mod order;
 
 use crate::error::{Error, Result};
+use crate::layout::RowLayout;
 use crate::op::Op;
 use crate::shape::{contiguous_nb, ne_from, Ne, MAX_DIMS};
 use crate::tensor::{Flags, Tensor, TensorId, ViewOf};
@@ -74,6 +75,7 @@ impl Graph {
             view_of: None,
             name: String::new(),
             flags: Flags::default(),
+            layout: Default::default(),
         }))
     }
 
@@ -103,6 +105,7 @@ impl Graph {
             view_of: None,
             name: String::new(),
             flags: Flags::default(),
+            layout: Default::default(),
         })
     }
 
@@ -126,6 +129,7 @@ impl Graph {
             view_of: Some(ViewOf { src: of, offset }),
             name: String::new(),
             flags: Flags::default(),
+            layout: Default::default(),
         })
     }
 
@@ -168,7 +172,45 @@ impl Graph {
                 self.tensor(id).op
             )));
         }
+        if self.tensor(id).layout != RowLayout::Plain {
+            return Err(Error::Invalid(format!(
+                "set_param: tensor {} '{}' has interleaved rows, which no backward reads",
+                id,
+                self.name(id)
+            )));
+        }
         self.tensors[id.index()].flags.param = true;
+        Ok(())
+    }
+
+    /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
+    /// takes a contiguous q4_0, q4_1 or iq4_nl leaf with a multiple of eight rows that is not
+    /// a param; planning then checks that only `mul_mat` reads it, as its first operand.
+    pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
+        let t = self.tensor(id);
+        if layout == RowLayout::Interleaved8 {
+            let why = if t.op != Op::Leaf {
+                Some(format!("it is the result of {}", t.op))
+            } else if crate::layout::interleave_head(t.dtype).is_none() {
+                Some("only q4_0, q4_1 and iq4_nl rows can be interleaved".to_string())
+            } else if !t.is_contiguous() {
+                Some("it is not contiguous".to_string())
+            } else if !t.nrows().is_multiple_of(8) || !t.ne[1].is_multiple_of(8) {
+                Some(format!("{} rows are not whole groups of eight", t.ne[1]))
+            } else if t.flags.param {
+                Some("it is a trainable param".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::Invalid(format!(
+                    "set_layout: tensor {id} '{}' ({}) cannot be interleaved: {why}",
+                    t.name,
+                    t.describe()
+                )));
+            }
+        }
+        self.tensors[id.index()].layout = layout;
         Ok(())
     }
 

@@ -141,6 +141,16 @@ fn check_span(t: &Tensor, bytes: &[u8]) -> Result<()> {
 /// Reads tensor `t` (whose first byte is `bytes[0]`) into a dense f64 array.
 pub fn gather(t: &Tensor, bytes: &[u8]) -> Result<Dense> {
     check_span(t, bytes)?;
+    if t.layout != crate::layout::RowLayout::Plain {
+        // interleaved rows (contiguous by construction): ggml's rows first
+        let mut plain = vec![0u8; t.nbytes()];
+        crate::layout::deinterleave8(t.dtype, t.nb[1], &bytes[..t.nbytes()], &mut plain)?;
+        let flat = Tensor {
+            layout: crate::layout::RowLayout::Plain,
+            ..t.clone()
+        };
+        return gather(&flat, &plain);
+    }
     let ne = t.ne;
     let nb = t.nb;
     let mut data = Vec::with_capacity(nelements(&ne));
@@ -360,6 +370,7 @@ pub fn decode(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f64>> {
         view_of: None,
         name: String::new(),
         flags: Default::default(),
+        layout: Default::default(),
     };
     Ok(gather(&t, bytes)?.data)
 }

@@ -1,0 +1,135 @@
+//! How a leaf's rows lie in memory: ggml's layout (row after row), or interleaved in groups
+//! of eight rows for the CPU's eight-row mat-vec kernels.
+//!
+//! [`RowLayout::Interleaved8`] is this crate's own layout (not a GGUF one; files and the
+//! reference always see ggml's rows): the rows go in groups of eight consecutive rows, and a
+//! group holds, for each block position `i` in turn, the eight rows' block heads (the scale
+//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`), row 0's first, then the
+//! eight rows' quants (16 bytes each). So a group's block `i` is one run of `8 × block bytes`
+//! (144 for q4_0), the eight scales in one load and four rows' quants in one 64-byte load,
+//! and the eight rows stream from memory as one sequential run. It is the idea of ggml's CPU
+//! "repack" buffers (`block_q4_0x8`), with a simpler arrangement of the quants (kept as
+//! ggml's `qs`, byte for byte). The size is the plain size: only the order of the bytes
+//! changes.
+//!
+//! A graph sets it on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
+//! refuses it unless every reader of the leaf is a `mul_mat` taking it as its first operand,
+//! so no other kernel ever sees the interleaved bytes. `Session::set_bytes`/`get_bytes`/
+//! `set_f32`/`get_f32` take and give ggml's rows; the reference backend reads it through
+//! [`deinterleave8`].
+
+use crate::error::{Error, Result};
+use crate::DType;
+
+/// The arrangement of a tensor's rows in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RowLayout {
+    /// ggml's: row after row, as in GGUF files.
+    #[default]
+    Plain,
+    /// Groups of eight rows interleaved block by block (see the module's documentation).
+    Interleaved8,
+}
+
+/// Bytes at the start of each block of `t` that [`RowLayout::Interleaved8`] keeps together
+/// (its scale fields); `None` for types that cannot be interleaved.
+pub fn interleave_head(t: DType) -> Option<usize> {
+    match t {
+        DType::Q4_0 | DType::IQ4NL => Some(2),
+        DType::Q4_1 => Some(4),
+        _ => None,
+    }
+}
+
+fn geometry(t: DType, row_bytes: usize, len: usize) -> Result<(usize, usize, usize)> {
+    let head = interleave_head(t)
+        .ok_or_else(|| Error::Invalid(format!("interleave8: {t} has no interleaved layout")))?;
+    let block = t.type_size();
+    if row_bytes == 0 || !row_bytes.is_multiple_of(block) || !len.is_multiple_of(8 * row_bytes) {
+        return Err(Error::Invalid(format!(
+            "interleave8: {len} bytes of {t} rows of {row_bytes} bytes are not whole groups of \
+             eight rows of whole {block}-byte blocks"
+        )));
+    }
+    Ok((head, block, row_bytes / block))
+}
+
+/// Plain rows of `t` (`row_bytes` each, a multiple of eight rows) into the interleaved layout.
+pub fn interleave8(t: DType, row_bytes: usize, plain: &[u8], out: &mut [u8]) -> Result<()> {
+    regroup(t, row_bytes, plain, out, true)
+}
+
+/// The interleaved layout back into plain rows (the inverse of [`interleave8`]).
+pub fn deinterleave8(t: DType, row_bytes: usize, packed: &[u8], out: &mut [u8]) -> Result<()> {
+    regroup(t, row_bytes, packed, out, false)
+}
+
+/// Every byte of `src` to its place in the other layout: the interleaved one when `forward`.
+fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool) -> Result<()> {
+    let (head, block, nb) = geometry(t, row_bytes, src.len())?;
+    if out.len() != src.len() {
+        return Err(Error::Invalid(format!(
+            "{}interleave8: {} bytes in, room for {}",
+            if forward { "" } else { "de" },
+            src.len(),
+            out.len()
+        )));
+    }
+    let tail = block - head;
+    for (g, dst) in src
+        .chunks_exact(8 * row_bytes)
+        .zip(out.chunks_exact_mut(8 * row_bytes))
+    {
+        for i in 0..nb {
+            for r in 0..8 {
+                // row r's block i: its head and its quants, plain and interleaved
+                let p = r * row_bytes + i * block;
+                let h = i * 8 * block + r * head;
+                let q = i * 8 * block + 8 * head + r * tail;
+                let moves = [(p, h, head), (p + head, q, tail)];
+                for (plain, inter, n) in moves {
+                    let (from, to) = if forward { (plain, inter) } else { (inter, plain) };
+                    dst[to..to + n].copy_from_slice(&g[from..from + n]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleave_round_trips_and_puts_heads_first() {
+        for (t, nb) in [(DType::Q4_0, 3), (DType::Q4_1, 1), (DType::IQ4NL, 5)] {
+            let block = t.type_size();
+            let head = interleave_head(t).unwrap();
+            let row = nb * block;
+            let plain: Vec<u8> = (0..16 * row).map(|i| (i * 7 + i / 251) as u8).collect();
+            let mut packed = vec![0u8; plain.len()];
+            interleave8(t, row, &plain, &mut packed).unwrap();
+            assert_ne!(packed, plain);
+            // group 1, block 2 (or the last), row 5: its head and its quants
+            let (g, i, r) = (1, nb - 1, 5);
+            let src = &plain[(8 * g + r) * row + i * block..][..block];
+            let grp = &packed[8 * g * row + i * 8 * block..][..8 * block];
+            assert_eq!(&grp[r * head..(r + 1) * head], &src[..head]);
+            let tail = block - head;
+            assert_eq!(&grp[8 * head + r * tail..][..tail], &src[head..]);
+            let mut back = vec![0u8; plain.len()];
+            deinterleave8(t, row, &packed, &mut back).unwrap();
+            assert_eq!(back, plain);
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let row = 18;
+        let e = interleave8(DType::Q4_0, row, &[0; 7 * 18], &mut [0; 7 * 18]).unwrap_err();
+        assert!(e.to_string().contains("groups of eight rows"), "{e}");
+        let e = interleave8(DType::Q8_0, 34, &[0; 8 * 34], &mut [0; 8 * 34]).unwrap_err();
+        assert!(e.to_string().contains("q8_0"), "{e}");
+    }
+}
