@@ -43,6 +43,14 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Whether this CPU (its best ISA) has eight-row mat-vec kernels that read weights of type `t`
+/// with interleaved rows (`tessera::layout`) in place: where it has not, such weights still
+/// work everywhere, through a plain copy of each group of eight rows, so interleave only where
+/// this says so.
+pub fn interleaved_kernel(t: DType) -> bool {
+    ops::matmul_quant::interleaved_kernel(simd::isa(), t)
+}
+
 impl CpuBackend {
     /// A backend running on `n_threads` threads (the caller included) with the best ISA.
     pub fn new(n_threads: usize) -> CpuBackend {

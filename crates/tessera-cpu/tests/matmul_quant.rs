@@ -267,3 +267,126 @@ fn one_row_kernel_types_compute_every_element_as_vec_dot() {
         }
     }
 }
+
+/// `mul_mat(a, b)` for q4_0/q4_1/iq4_nl weights `av` with `a`'s rows plain or interleaved
+/// (`tessera::layout`): the session and the product's id.
+fn product_with_layout(
+    t: DType,
+    layout: tessera::RowLayout,
+    a_ne: &[usize],
+    b_ne: &[usize],
+    av: &[f32],
+    bv: &[f32],
+) -> (Session, tessera::TensorId, tessera::TensorId) {
+    let mut g = Graph::new();
+    let a = g.new_tensor(t, a_ne).unwrap();
+    g.set_layout(a, layout).unwrap();
+    let b = g.new_f32(b_ne).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_f32(a, av).unwrap();
+    s.set_f32(b, bv).unwrap();
+    (s, y, a)
+}
+
+/// Weights interleaved in groups of eight rows give every element the bits of the plain rows,
+/// on every instruction set and thread count: mat-vec and a few columns through the eight-row
+/// group loop (the interleaved kernels on AVX-512 VNNI), more columns through a plain copy;
+/// with a batch broadcasting the weights, and an odd last block for iq4_nl. The reference reads
+/// them as the plain rows, and `get_bytes` gives ggml's bytes back.
+#[test]
+fn interleaved_weights_give_the_plain_bits() {
+    use tessera::RowLayout::{Interleaved8, Plain};
+    let mut rng = Rng::new(29);
+    for t in [DType::Q4_0, DType::Q4_1, DType::IQ4NL] {
+        for (k, m, n) in [
+            (64usize, 8usize, 1usize),
+            (96, 8, 1),
+            (256, 24, 1),
+            (96, 40, 2),
+            (64, 48, 7),
+            (64, 48, 1),
+            (96, 48, 7),
+            (64, 8, 2),
+            (96, 16, 8),
+            (32, 24, 13),
+            (288, 136, 1),
+        ] {
+            let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let bv: Vec<f32> = (0..k * n * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let (mut p, yp, ap) = product_with_layout(t, Plain, &[k, m, 1], &[k, n, 2], &av, &bv);
+            let (mut q, yq, aq) =
+                product_with_layout(t, Interleaved8, &[k, m, 1], &[k, n, 2], &av, &bv);
+            assert_eq!(
+                q.get_bytes(aq).unwrap(),
+                p.get_bytes(ap).unwrap(),
+                "{t} bytes"
+            );
+            p.compute(&ReferenceBackend).unwrap();
+            q.compute(&ReferenceBackend).unwrap();
+            assert_eq!(
+                q.get_f32(yq).unwrap(),
+                p.get_f32(yp).unwrap(),
+                "{t} reference"
+            );
+            for cpu in cpu_configs() {
+                p.compute(&cpu).unwrap();
+                q.compute(&cpu).unwrap();
+                let (want, got) = (p.get_f32(yp).unwrap(), q.get_f32(yq).unwrap());
+                for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{t}: k={k} m={m} n={n} element {i} on {:?}/{}t: {g} vs {w}",
+                        cpu.isa(),
+                        cpu.n_threads()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Interleaved rows are for mul_mat's first operand only: anything else reading them, a type
+/// or shape without the layout, and a param are errors that say so.
+#[test]
+fn interleaved_weights_refuse_other_readers() {
+    use tessera::RowLayout::Interleaved8;
+    let mut g = Graph::new();
+    let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
+    g.set_layout(a, Interleaved8).unwrap();
+    let idx = g.new_tensor(DType::I32, &[2]).unwrap();
+    let r = g.get_rows(a, idx).unwrap();
+    let e = Session::new(g, &[r])
+        .err()
+        .expect("get_rows of interleaved rows");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("interleaved") && msg.contains("get_rows"),
+        "{msg}"
+    );
+
+    let mut g = Graph::new();
+    let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
+    g.set_layout(a, Interleaved8).unwrap();
+    // a view of them, even one mul_mat reads
+    let v = g.reshape(a, &[64, 8, 2]).unwrap();
+    let x = g.new_f32(&[64, 3, 2]).unwrap();
+    let y = g.mul_mat(v, x).unwrap();
+    let e = Session::new(g, &[y])
+        .err()
+        .expect("a view of interleaved rows");
+    assert!(e.to_string().contains("reshape"), "{e}");
+
+    let mut g = Graph::new();
+    let a = g.new_tensor(DType::Q4_0, &[64, 12]).unwrap();
+    let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
+    assert!(e.contains("12 rows"), "{e}");
+    let a = g.new_tensor(DType::Q8_0, &[64, 16]).unwrap();
+    let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
+    assert!(e.contains("q4_0, q4_1 and iq4_nl"), "{e}");
+    let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
+    g.set_layout(a, Interleaved8).unwrap();
+    let e = g.set_param(a).unwrap_err().to_string();
+    assert!(e.contains("interleaved"), "{e}");
+}

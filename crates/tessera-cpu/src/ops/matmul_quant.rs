@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tessera::{DType, Result, Tensor};
+use tessera::{DType, Result, RowLayout, Tensor};
 
 use super::{qgemm_0, qgemm_k};
 use crate::exec::NodeCtx;
@@ -91,8 +91,27 @@ struct Layout {
     deq_off: usize,
     counter_off: usize,
     scratch_off: usize,
-    /// Per-thread scratch: one f32 row of K (the column being quantized, or a weight row).
+    /// Per-thread scratch: one f32 row of K (the column being quantized, or a weight row);
+    /// with interleaved weights at least one group of eight rows.
     per_thread: usize,
+    /// Interleaved weights (`tessera::layout`) against more than one column: where their
+    /// plain copy goes (`a`'s bytes; 0 bytes otherwise).
+    plain_off: usize,
+}
+
+/// Whether `a`'s rows are interleaved in groups of eight (`tessera::layout`).
+fn interleaved(a: &Tensor) -> bool {
+    a.layout != RowLayout::Plain
+}
+
+/// Whether the interleaved weights take the eight-row group loop (mat-vec and a few columns,
+/// every column with the one-column bits, which is what the plain path gives them) rather
+/// than a plain copy and the plain paths.
+fn group_loop(isa: Isa, t: DType, cols: usize) -> bool {
+    let packed_paths = (qgemm_0::applies(t, cols) && qgemm_0::runs_on(isa))
+        || qgemm_k::applies(t, cols)
+        || lanes_numerics(isa, t, cols);
+    !packed_paths && (cols == 1 || (cols <= FAR_ROWS_MAX_COLS && local_kernel(t)))
 }
 
 fn layout(a: &Tensor, b: &Tensor) -> Layout {
@@ -130,6 +149,17 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     } else {
         k * 4
     };
+    let (per_thread, plain) = if interleaved(a) {
+        let group = 8 * a.dtype.row_size(k).unwrap_or(0);
+        let plain = if b.ne[1] > 1 {
+            a.nbytes().next_multiple_of(64)
+        } else {
+            0
+        };
+        (per_thread.max(group), plain)
+    } else {
+        (per_thread, 0)
+    };
     Layout {
         qrow,
         tiled,
@@ -138,8 +168,9 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         cols,
         deq_off: qbytes + packed,
         counter_off: qbytes + packed + deq,
-        scratch_off: qbytes + packed + deq + 64,
+        scratch_off: qbytes + packed + deq + 64 + plain,
         per_thread: per_thread.next_multiple_of(64),
+        plain_off: qbytes + packed + deq + 64,
     }
 }
 
@@ -163,6 +194,36 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         )));
     }
     let vdt = vec_dot_type(a.dtype);
+    let row_bytes = a.dtype.row_size(k).expect("validated");
+    let inter = interleaved(a);
+    if inter && !group_loop(ctx.isa, a.dtype, n) {
+        // Interleaved weights against many columns: their plain rows into the work buffer
+        // first (all threads, eight-row groups), then the plain paths below read that copy
+        // (the barrier after the columns' quantization orders it before any reads). One pass
+        // over the weights, against the k·m·n products of the mat-mat.
+        for g in ctx.share(a.nrows() / 8) {
+            // SAFETY: planning keeps interleaved leaves contiguous with whole groups; group
+            // g's bytes of the source and of the copy (inside the work buffer, size checked
+            // above) belong to this thread alone.
+            unsafe {
+                let src =
+                    std::slice::from_raw_parts(ctx.src[0].add(g * 8 * a.nb[1]), 8 * row_bytes);
+                let dst = std::slice::from_raw_parts_mut(
+                    ctx.wdata.add(l.plain_off + g * 8 * a.nb[1]),
+                    8 * row_bytes,
+                );
+                tessera::layout::deinterleave8(a.dtype, row_bytes, src, dst)
+                    .map_err(|e| ctx.err(e.to_string()))?;
+            }
+        }
+    }
+    // the weights' plain rows: in place, or the copy just made
+    let a_base: *const u8 = if inter && !group_loop(ctx.isa, a.dtype, n) {
+        // SAFETY: the copy lies inside the work buffer.
+        unsafe { ctx.wdata.add(l.plain_off) }
+    } else {
+        ctx.src[0]
+    };
     // SAFETY: this thread's scratch row lies inside the work buffer (size checked above) and is
     // used by this thread alone.
     let tmp = unsafe {
@@ -299,7 +360,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // that took c only; its scratch is its own; qgemm_0 runs only where `runs_on` said so.
             unsafe {
                 let batch = qgemm_k::Batch {
-                    a: ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
+                    a: a_base.add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
                     a_nb1: a.nb[1],
                     packed: ctx.wdata.add(
                         l.packed_off
@@ -347,7 +408,6 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             bi * b.ne[1],
         )
     };
-    let row_bytes = a.dtype.row_size(k).expect("validated");
     // Rows go out in chunks from the shared counter, not as fixed halves: a thread the host
     // slows then computes fewer chunks instead of holding up the node, as in ggml's chunked
     // mul_mat. Mat-vec chunks are two per thread (whole groups of four rows; four per thread
@@ -364,6 +424,39 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             })
         })
     };
+    if inter && group_loop(ctx.isa, a.dtype, n) {
+        // interleaved weights: whole groups of eight rows, two chunks a thread
+        let chunk = if ctx.nth == 1 {
+            m.max(8)
+        } else {
+            m.div_ceil(2 * ctx.nth).next_multiple_of(8)
+        };
+        for ((a_off, d_off, col0), rows) in chunks(chunk) {
+            // SAFETY: the chunk's groups lie in a's validated span (whole groups: m and the
+            // chunk are multiples of 8); dst[rows, ..] of this batch is written by the thread
+            // that took the chunk only; the quantized columns were finished before the
+            // barrier; the thread's scratch is its own and holds a group.
+            unsafe {
+                let scratch = std::slice::from_raw_parts_mut(
+                    ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
+                    8 * row_bytes,
+                );
+                for r0 in rows.step_by(8) {
+                    let g =
+                        std::slice::from_raw_parts(a_base.add(a_off + r0 * a.nb[1]), 8 * row_bytes);
+                    for j in 0..n {
+                        let x =
+                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow);
+                        let v = vec_dot8_interleaved(ctx.isa, a.dtype, g, x, k, scratch);
+                        for (i, y) in v.into_iter().enumerate() {
+                            *(ctx.dst.add(d_off + j * d.nb[1] + (r0 + i) * 4) as *mut f32) = y;
+                        }
+                    }
+                }
+            }
+        }
+        return Ok(());
+    }
     let chunk = if ctx.nth == 1 {
         m.max(1)
     } else {
@@ -389,7 +482,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // columns were finished before the barrier.
             unsafe {
                 let row = |r: usize| {
-                    std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                    std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
                 };
                 let qcol = |j: usize| {
                     std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
@@ -452,7 +545,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // the thread that took the chunk only.
             let one_range = |r: std::ops::Range<usize>| unsafe {
                 let w = std::slice::from_raw_parts(
-                    ctx.src[0].add(a_off + r.start * a.nb[1]),
+                    a_base.add(a_off + r.start * a.nb[1]),
                     (r.len() - 1) * a.nb[1] + row_bytes,
                 );
                 let out = std::slice::from_raw_parts_mut(
@@ -480,7 +573,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 // SAFETY: as for `one_range` (rows im are inside `rows`).
                 unsafe {
                     let w: [&[u8]; 8] = im.map(|r| {
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                        std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
                     });
                     let v = vec_dot8(ctx.isa, a.dtype, w, x, k, 0);
                     for (&r, y) in im.iter().zip(v) {
@@ -532,7 +625,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     // barrier.
                     unsafe {
                         let w = std::slice::from_raw_parts(
-                            ctx.src[0].add(a_off + s0 * a.nb[1]),
+                            a_base.add(a_off + s0 * a.nb[1]),
                             (s1 - s0 - 1) * a.nb[1] + row_bytes,
                         );
                         let qcol = |j: usize| {
@@ -559,7 +652,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             for r in s0..s1 {
                                 if r + ahead < r1 {
                                     prefetch_row(
-                                        ctx.src[0].add(a_off + (r + ahead) * a.nb[1]),
+                                        a_base.add(a_off + (r + ahead) * a.nb[1]),
                                         row_bytes,
                                     );
                                 }
@@ -605,7 +698,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 // before the barrier.
                 unsafe {
                     let row = |r: usize| {
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                        std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
                     };
                     if group == 4 {
                         let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
@@ -623,7 +716,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         // is computed (a single core streams from memory only with enough misses
                         // in flight; the one-row kernels have no prefetch of their own)
                         if c0 == 0 && im + ahead < r1 && !own_prefetch {
-                            prefetch_row(ctx.src[0].add(a_off + (im + ahead) * a.nb[1]), row_bytes);
+                            prefetch_row(a_base.add(a_off + (im + ahead) * a.nb[1]), row_bytes);
                         }
                         if !has_int_kernel(a.dtype) {
                             tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
@@ -898,6 +991,43 @@ pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize
     let a = vec_dot4(isa, t, [w[0], w[1], w[2], w[3]], x, k, pf);
     let b = vec_dot4(isa, t, [w[4], w[5], w[6], w[7]], x, k, pf);
     [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+}
+
+/// Whether `isa` has the eight-row kernels of interleaved rows of `t` (AVX-512 VNNI: q4_0,
+/// q4_1, iq4_nl).
+pub fn interleaved_kernel(isa: Isa, t: DType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        eight_row_kernel(isa, t) && super::qgemv_0::supports_interleaved(t)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, t);
+        false
+    }
+}
+
+/// [`vec_dot8`] of one group of eight interleaved rows (`g`, `tessera::layout`), each
+/// result bit-identical to `vec_dot`'s: on AVX-512 VNNI the interleaved kernel of `qgemv_0`,
+/// elsewhere the group's plain rows in `scratch` (8 rows' bytes) and [`vec_dot8`].
+pub fn vec_dot8_interleaved(
+    isa: Isa,
+    t: DType,
+    g: &[u8],
+    x: &[u8],
+    k: usize,
+    scratch: &mut [u8],
+) -> [f32; 8] {
+    let row = g.len() / 8;
+    #[cfg(target_arch = "x86_64")]
+    if interleaved_kernel(isa, t) {
+        // SAFETY: the ISA has the kernel's features (eight_row_kernel); g holds the group.
+        return unsafe { super::qgemv_0::vec_dot8_interleaved(t, g, x, k) };
+    }
+    let plain = &mut scratch[..g.len()];
+    tessera::layout::deinterleave8(t, row, g, plain).expect("a whole group of eight rows");
+    let rows: [&[u8]; 8] = std::array::from_fn(|r| &plain[r * row..(r + 1) * row]);
+    vec_dot8(isa, t, rows, x, k, 0)
 }
 
 /// Four weight rows against two activation rows: `out[c][r]`, each bit-identical to `vec_dot`.
@@ -2047,18 +2177,38 @@ mod tests {
                         }
                     }
                     let w8: [&[u8]; 8] = std::array::from_fn(|r| &rows[r][..]);
+                    // the same rows interleaved (`tessera::layout`), where the type has it
+                    let group = tessera::layout::interleave_head(t).map(|_| {
+                        let plain = rows.concat();
+                        let mut g = vec![0u8; plain.len()];
+                        tessera::layout::interleave8(t, nb * ws, &plain, &mut g).unwrap();
+                        g
+                    });
                     for &isa in &isas {
                         let got = vec_dot8(isa, t, w8, &x, k, 512);
+                        let mut scratch = vec![0u8; 8 * nb * ws];
+                        let inter = group
+                            .as_ref()
+                            .map(|g| vec_dot8_interleaved(isa, t, g, &x, k, &mut scratch));
                         for (r, row) in w8.iter().enumerate() {
                             let one = vec_dot(isa, t, row, &x, k);
                             // (a NaN's sign and payload depend on which operand of an
                             // add or FMA the compiler put first: any NaN is the same NaN)
+                            let same = |v: f32| {
+                                v.to_bits() == one.to_bits() || (v.is_nan() && one.is_nan())
+                            };
                             assert!(
-                                got[r].to_bits() == one.to_bits()
-                                    || (got[r].is_nan() && one.is_nan()),
+                                same(got[r]),
                                 "{t} nb {nb} case {case} row {r} {isa:?}: vec_dot8 {} vs vec_dot {one}",
                                 got[r]
                             );
+                            if let Some(v) = inter {
+                                assert!(
+                                    same(v[r]),
+                                    "{t} nb {nb} case {case} row {r} {isa:?}: interleaved {} vs vec_dot {one}",
+                                    v[r]
+                                );
+                            }
                         }
                     }
                 }
