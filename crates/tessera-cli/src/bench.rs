@@ -22,6 +22,9 @@ pub struct Opts {
     /// also pick the bandwidth section's (those of [`BIG_MATVEC_TYPES`] among them).
     pub types: Vec<DType>,
     pub shapes: Vec<(usize, usize)>,
+    /// The quant section's weights with interleaved rows where the type and this CPU have
+    /// them (`tessera_cpu::interleaved_kernel`).
+    pub interleave: bool,
 }
 
 /// The sections of `bench-ops`, in the order they run.
@@ -312,9 +315,13 @@ fn bench_quant(
     k: usize,
     m: usize,
     n: usize,
+    interleave: bool,
 ) -> (f64, f64) {
     let mut g = Graph::new();
     let a = g.new_tensor(t, &[k, m]).unwrap();
+    if interleave && tessera_cpu::interleaved_kernel(t) && m.is_multiple_of(8) {
+        g.set_layout(a, tessera::RowLayout::Interleaved8).unwrap();
+    }
     let b = g.new_f32(&[k, n]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     let mut s = Session::new(g, &[y]).unwrap();
@@ -368,12 +375,13 @@ fn read_pass(buf: &[u64], threads: usize, streams: usize) -> f64 {
 /// A mat-vec over a `bytes`-sized matrix of type `t` (K = 16384; the rows repeat one random
 /// 64-row block, which does not matter to a stream from memory), ready to compute: the
 /// session, and the matrix's size in bytes.
-fn big_matvec(t: DType, bytes: usize) -> (Session, usize) {
+fn big_matvec(t: DType, bytes: usize, layout: tessera::RowLayout) -> (Session, usize) {
     let k = 16384;
     let row = t.row_size(k).expect("row size");
     let m = (bytes / row).div_ceil(64) * 64;
     let mut g = Graph::new();
     let a = g.new_tensor(t, &[k, m]).unwrap();
+    g.set_layout(a, layout).expect("layout");
     let b = g.new_f32(&[k, 1]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     let mut s = Session::new(g, &[y]).unwrap();
@@ -468,7 +476,14 @@ fn section_matmul(o: &Opts) {
 
 fn section_quant(o: &Opts) {
     println!();
-    println!("quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens)");
+    println!(
+        "quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens){}",
+        if o.interleave {
+            "; rows interleaved by eight where the type and this CPU have it"
+        } else {
+            ""
+        }
+    );
     println!("| type | shape K×M | threads | mat-vec GB/s | mat-vec GFLOP/s | mat-mat GFLOP/s |");
     println!("|---|---|---|---|---|---|");
     let types = if o.types.is_empty() {
@@ -492,8 +507,8 @@ fn section_quant(o: &Opts) {
             }
             for &th in &o.threads {
                 let cpu = CpuBackend::new(th);
-                let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1);
-                let (_, gf512) = bench_quant(&cpu, o.reps, t, k, m, 512);
+                let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1, o.interleave);
+                let (_, gf512) = bench_quant(&cpu, o.reps, t, k, m, 512, o.interleave);
                 println!("| {t} | {k}×{m} | {th} | {gbs:.1} | {gf1:.1} | {gf512:.1} |");
             }
         }
@@ -511,13 +526,23 @@ fn section_bandwidth(o: &Opts) {
     let buf: Vec<u64> = (0..(BYTES / 8) as u64).collect();
     for &th in &o.threads {
         let cpu = CpuBackend::new(th);
-        for &t in BIG_MATVEC_TYPES
+        // each type with ggml's rows, then those with an interleaved layout that this CPU
+        // has the eight-row kernels for with their rows interleaved (`tessera::layout`)
+        let types = BIG_MATVEC_TYPES
             .iter()
-            .filter(|t| o.types.is_empty() || o.types.contains(t))
-        {
+            .filter(|t| o.types.is_empty() || o.types.contains(t));
+        let cases = types
+            .clone()
+            .map(|&t| (t, tessera::RowLayout::Plain))
+            .chain(
+                types
+                    .filter(|&&t| tessera_cpu::interleaved_kernel(t))
+                    .map(|&t| (t, tessera::RowLayout::Interleaved8)),
+            );
+        for (t, layout) in cases {
             // Each mat-vec is paired with a read pass just before it, so a host slowdown,
             // which here lasts seconds, shows in both halves of a pair.
-            let (mut s, bytes) = big_matvec(t, BYTES);
+            let (mut s, bytes) = big_matvec(t, BYTES, layout);
             s.compute(&cpu).unwrap();
             read_pass(&buf, th, 8);
             let (mut bw, mut mv, mut share) = (vec![], vec![], vec![]);
@@ -535,8 +560,13 @@ fn section_bandwidth(o: &Opts) {
             }
             let lo = share.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = share.iter().copied().fold(0.0, f64::max);
+            let name = if layout == tessera::RowLayout::Plain {
+                t.to_string()
+            } else {
+                format!("{t}, interleaved rows")
+            };
             println!(
-                "| {th} | {:.1} | {t} | {:.1} | {:.0} % ({:.0}–{:.0}) |",
+                "| {th} | {:.1} | {name} | {:.1} | {:.0} % ({:.0}–{:.0}) |",
                 median(bw),
                 median(mv),
                 100.0 * median(share),

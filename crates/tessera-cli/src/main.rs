@@ -126,6 +126,11 @@ enum Cmd {
         /// absent).
         #[arg(long, value_delimiter = ',')]
         shapes: Vec<String>,
+        /// The quant section with the weights' rows interleaved by eight (`tessera::layout`)
+        /// where the type has that layout and this CPU its kernels, as `tessera run` lays out
+        /// a model's weights.
+        #[arg(long)]
+        interleave: bool,
     },
     /// Quantize a GGUF model like llama.cpp's llama-quantize (types, mixes, metadata).
     Quantize(quant_cmd::QuantizeArgs),
@@ -213,6 +218,7 @@ fn main() -> ExitCode {
             only,
             types,
             shapes,
+            interleave,
         } => {
             if let Some(bad) = only.iter().find(|s| !bench::SECTIONS.contains(&s.as_str())) {
                 eprintln!(
@@ -260,6 +266,7 @@ fn main() -> ExitCode {
                 only,
                 types: qtypes,
                 shapes: qshapes,
+                interleave,
             });
             ExitCode::SUCCESS
         }

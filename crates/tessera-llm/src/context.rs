@@ -295,9 +295,11 @@ fn plan(model: &Model, built: BuiltGraph) -> Result<Planned> {
         .collect();
     let cache: Vec<TensorId> = built.cache.iter().flat_map(|&(k, v)| [k, v]).collect();
     let mut err = None;
-    let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, _| {
+    let session = Session::with_buffers(built.graph.clone(), &[built.logits], &mut |id, t| {
         if let Some(name) = weights.remove(&id) {
-            let r = model.weight_buffer(name).map_err(|e| e.to_string());
+            let r = model
+                .weight_buffer_as(name, t.layout)
+                .map_err(|e| e.to_string());
             match r {
                 Ok(b) => return Some(b),
                 Err(e) => err = Some(e),

@@ -89,6 +89,8 @@ impl Builder<'_> {
 
     fn linear(&mut self, w: &str, x: TensorId, bias: Option<&str>) -> Result<TensorId> {
         let wt = self.w(w)?;
+        // read by this mul_mat alone: the model's interleaved copy where it has one
+        self.g.set_layout(wt, self.m.layout_for_mul_mat(w))?;
         let mut y = self.g.mul_mat(wt, x)?;
         if let Some(lb) = &self.m.lora {
             if let Some((an, bn, r)) = lb.adapter.pairs.get(w) {

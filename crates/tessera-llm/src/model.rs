@@ -1,10 +1,11 @@
 //! A GGUF language model: architecture and hyper-parameters from the metadata, weights as
 //! zero-copy views into the memory-mapped file.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use tessera::{DType, ExternalBytes};
+use tessera::{DType, ExternalBytes, RowLayout};
 use tessera_gguf::{GgufFile, TensorInfo, Value};
 
 use crate::error::{LlmError, Result};
@@ -101,6 +102,8 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     pub name: String,
     bytes: ExternalBytes,
+    /// Weights copied into interleaved rows (see [`Model::with_interleaved_rows`]), by name.
+    interleaved: HashMap<String, ExternalBytes>,
 }
 
 fn get_u(f: &GgufFile, key: &str) -> Result<usize> {
@@ -215,6 +218,7 @@ impl Model {
             tokenizer,
             name,
             bytes,
+            interleaved: HashMap::new(),
         };
         m.check_tensors()?;
         Ok(m)
@@ -228,6 +232,74 @@ impl Model {
     pub fn with_lora(mut self, adapter: Arc<crate::lora::Adapter>, scale: f32) -> Model {
         self.lora = Some(LoraBinding { adapter, scale });
         self
+    }
+
+    /// Copies the weights that this CPU's eight-row mat-vec kernels read faster with their
+    /// rows interleaved (`tessera::layout`: q4_0, q4_1 and iq4_nl on AVX-512 VNNI) into that
+    /// layout, once; graphs built from now on read those copies in their matrix products.
+    /// Embedding tables (read by `get_rows`) stay mapped, and so does everything on other
+    /// CPUs: then this changes nothing. The copies take memory the mapping did not (the
+    /// mapped pages are no longer read and the system may drop them), as ggml's CPU "repack"
+    /// buffers do; a model for training keeps its weights mapped (the backward of `mul_mat`
+    /// reads them in other ways).
+    pub fn with_interleaved_rows(self) -> Result<Model> {
+        self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
+    }
+
+    /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1
+    /// and iq4_nl; e.g. all of them on any CPU, for tests).
+    pub fn with_interleaved_rows_where(mut self, pick: impl Fn(DType) -> bool) -> Result<Model> {
+        for t in &self.file.tensors {
+            let eligible = tessera::layout::interleave_head(t.dtype).is_some()
+                && pick(t.dtype)
+                && t.n_dims == 2
+                && t.ne[1].is_multiple_of(8)
+                && !t.name.contains("_embd");
+            if !eligible {
+                continue;
+            }
+            let (bytes, off) = self.tensor_bytes(t);
+            let plain = &(*bytes).as_ref()[off..off + t.size];
+            let mut out = vec![0u8; t.size];
+            let row = t.dtype.row_size(t.ne[0]).ok_or_else(|| {
+                LlmError::Invalid(format!("tensor {}: no row size for {}", t.name, t.dtype))
+            })?;
+            tessera::layout::interleave8(t.dtype, row, plain, &mut out)
+                .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
+            self.interleaved.insert(t.name.clone(), Arc::new(out));
+        }
+        Ok(self)
+    }
+
+    /// How a graph should lay out weight `name` read by `mul_mat` alone.
+    pub fn layout_for_mul_mat(&self, name: &str) -> RowLayout {
+        if self.interleaved.contains_key(name) {
+            RowLayout::Interleaved8
+        } else {
+            RowLayout::Plain
+        }
+    }
+
+    /// Bytes held in interleaved copies of weights ([`Model::with_interleaved_rows`]).
+    pub fn interleaved_bytes(&self) -> usize {
+        self.interleaved
+            .values()
+            .map(|b| (**b).as_ref().len())
+            .sum()
+    }
+
+    /// The memory of weight leaf `name` laid out as `layout`: the interleaved copy, or (plain)
+    /// as [`Model::weight_buffer`] gives it.
+    pub fn weight_buffer_as(&self, name: &str, layout: RowLayout) -> Result<tessera::Buffer> {
+        if layout == RowLayout::Plain {
+            return self.weight_buffer(name);
+        }
+        let b = self
+            .interleaved
+            .get(name)
+            .ok_or_else(|| LlmError::Invalid(format!("weight {name} has no interleaved copy")))?;
+        let len = (**b).as_ref().len();
+        tessera::Buffer::external(Arc::clone(b), 0, len).map_err(LlmError::from)
     }
 
     /// The memory of a weight leaf a graph uses: a tensor of the model file or of its LoRA

@@ -75,6 +75,59 @@ fn greedy_continuation_matches_llama_cpp_token_for_token() {
     }
 }
 
+/// The model's q4_1 weights copied into rows interleaved by eight (what `tessera run` does on
+/// AVX-512 VNNI; forced here on any CPU) give the same logits bit for bit, from a batched prompt
+/// (a plain copy per node) and token by token (the eight-row group loop), on one and two
+/// threads: the layout changes where bytes lie, not one result.
+#[test]
+fn interleaved_weights_give_the_same_logits() {
+    let Some(path) = model_path() else { return };
+    let plain = Arc::new(Model::load(&path).unwrap());
+    let inter = Arc::new(
+        Model::load(&path)
+            .unwrap()
+            .with_interleaved_rows_where(|_| true)
+            .unwrap(),
+    );
+    // every q4_1 matrix of the 30 layers, none of the q8_0 embedding table
+    assert_eq!(
+        inter.interleaved_bytes(),
+        30 * (3 * 552_960 + 2 * 207_360 + 2 * 69_120)
+    );
+    let toks = plain
+        .tokenizer
+        .encode("The quick brown fox jumps over", true, false);
+    for threads in [1, 2] {
+        let run = |m: &Arc<Model>| {
+            let mut ctx = Context::new(
+                Arc::clone(m),
+                ContextParams {
+                    n_ctx: 64,
+                    n_threads: threads,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let mut v = ctx.eval(&toks, true).unwrap().to_vec();
+            v.extend_from_slice(ctx.eval(&[28], false).unwrap());
+            v
+        };
+        let (a, b) = (run(&plain), run(&inter));
+        assert_eq!(a.len(), b.len());
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{threads} threads: {differ} of {} logits differ",
+            a.len()
+        );
+    }
+}
+
 #[test]
 fn batched_prompt_and_token_by_token_agree() {
     let Some(path) = model_path() else { return };
