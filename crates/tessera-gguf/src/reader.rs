@@ -187,6 +187,36 @@ impl GgufFile {
     pub fn is_mmapped(&self) -> bool {
         matches!(self.storage, Storage::Mmap(_))
     }
+
+    /// Tells the system that this process will not read bytes `offset..offset + len` of the
+    /// file soon (e.g. a tensor copied into another layout): on Linux their mapped pages leave
+    /// its resident set (`MADV_DONTNEED`, the pages rounded outwards); reading them later
+    /// faults the same bytes back in from the file. Does nothing for an owned buffer or
+    /// elsewhere; the range must lie inside the file.
+    pub fn release(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.bytes().len())
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "release: bytes {offset}..{offset}+{len} run past the file's {}",
+                    self.bytes().len()
+                ),
+            ));
+        }
+        #[cfg(target_os = "linux")]
+        if let Storage::Mmap(m) = &self.storage {
+            // SAFETY: the map is read-only and of a file that must not change while it is
+            // mapped (`open`'s contract), so after MADV_DONTNEED any read through a live
+            // borrow faults in the same bytes from the file: no value anyone holds changes.
+            unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Parsed {

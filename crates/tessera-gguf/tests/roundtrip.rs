@@ -156,6 +156,13 @@ fn write_file_then_open_with_mmap() {
     check_everything(&f, 64);
     assert_eq!(f.bytes(), &w.to_bytes().unwrap()[..]);
     assert!(format!("{f:?}").contains("n_tensors"));
+    // Releasing mapped pages changes no byte (they fault back in from the file); a range past
+    // the end is an error.
+    let n = f.bytes().len();
+    f.release(1, n - 1).unwrap();
+    assert_eq!(f.bytes(), &w.to_bytes().unwrap()[..]);
+    let e = f.release(n - 4, 8).unwrap_err().to_string();
+    assert!(e.contains("run past"), "{e}");
 
     // An empty file is a clean error, not a failed mmap.
     let empty = dir.join("empty.gguf");

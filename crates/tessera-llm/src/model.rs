@@ -104,6 +104,9 @@ pub struct Model {
     bytes: ExternalBytes,
     /// Weights copied into interleaved rows (see [`Model::with_interleaved_rows`]), by name.
     interleaved: HashMap<String, ExternalBytes>,
+    /// Plain copies of the 1-D tensors (norms, biases) lying among the interleaved ones, so
+    /// that the mapped pages of those can leave the resident set for good.
+    small: HashMap<String, ExternalBytes>,
 }
 
 fn get_u(f: &GgufFile, key: &str) -> Result<usize> {
@@ -219,6 +222,7 @@ impl Model {
             name,
             bytes,
             interleaved: HashMap::new(),
+            small: HashMap::new(),
         };
         m.check_tensors()?;
         Ok(m)
@@ -238,10 +242,10 @@ impl Model {
     /// rows interleaved (`tessera::layout`: q4_0, q4_1 and iq4_nl on AVX-512 VNNI) into that
     /// layout, once; graphs built from now on read those copies in their matrix products.
     /// Embedding tables (read by `get_rows`) stay mapped, and so does everything on other
-    /// CPUs: then this changes nothing. The copies take memory the mapping did not (the
-    /// mapped pages are no longer read and the system may drop them), as ggml's CPU "repack"
-    /// buffers do; a model for training keeps its weights mapped (the backward of `mul_mat`
-    /// reads them in other ways).
+    /// CPUs: then this changes nothing. The copies are heap memory, as ggml's CPU "repack"
+    /// buffers are; the mapped pages they came from leave the resident set
+    /// (`GgufFile::release`), so a process holds the weights once. A model for training keeps
+    /// its weights mapped (the backward of `mul_mat` reads them in other ways).
     pub fn with_interleaved_rows(self) -> Result<Model> {
         self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
     }
@@ -267,6 +271,29 @@ impl Model {
             tessera::layout::interleave8(t.dtype, row, plain, &mut out)
                 .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
             self.interleaved.insert(t.name.clone(), Arc::new(out));
+        }
+        // The copied weights' mapped pages are not read again (unless a training graph reads
+        // the plain weights): out of the resident set, so the weights do not count twice. A
+        // read of a page maps the pages around it too (fault-around, large folios): the 1-D
+        // tensors between the matrices (norms, biases, a few KiB each) are copied as they are
+        // and their pages released as well, else reading them brought back a third of the
+        // released pages (SmolLM2: 23 of 66 MB); and all of it once the copies are made.
+        if !self.interleaved.is_empty() {
+            for t in self.file.tensors.iter().filter(|t| t.n_dims == 1) {
+                let (bytes, off) = self.tensor_bytes(t);
+                let copy = (*bytes).as_ref()[off..off + t.size].to_vec();
+                self.small.insert(t.name.clone(), Arc::new(copy));
+            }
+        }
+        for t in
+            self.file.tensors.iter().filter(|t| {
+                self.interleaved.contains_key(&t.name) || self.small.contains_key(&t.name)
+            })
+        {
+            let (_, off) = self.tensor_bytes(t);
+            self.file
+                .release(off, t.size)
+                .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
         }
         Ok(self)
     }
@@ -303,12 +330,17 @@ impl Model {
     }
 
     /// The memory of a weight leaf a graph uses: a tensor of the model file or of its LoRA
-    /// adapter, mapped (no copy).
+    /// adapter, mapped (no copy; a 1-D tensor copied by [`Model::with_interleaved_rows`]
+    /// from that copy).
     pub fn weight_buffer(&self, name: &str) -> Result<tessera::Buffer> {
         if let Some(lb) = &self.lora {
             if let Some(b) = lb.adapter.buffer(name) {
                 return Ok(b);
             }
+        }
+        if let Some(b) = self.small.get(name) {
+            let len = (**b).as_ref().len();
+            return tessera::Buffer::external(Arc::clone(b), 0, len).map_err(LlmError::from);
         }
         let t = self.tensor(name)?;
         let (bytes, off) = self.tensor_bytes(t);
