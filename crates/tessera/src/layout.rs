@@ -88,7 +88,11 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
                 let q = i * 8 * block + 8 * head + r * tail;
                 let moves = [(p, h, head), (p + head, q, tail)];
                 for (plain, inter, n) in moves {
-                    let (from, to) = if forward { (plain, inter) } else { (inter, plain) };
+                    let (from, to) = if forward {
+                        (plain, inter)
+                    } else {
+                        (inter, plain)
+                    };
                     dst[to..to + n].copy_from_slice(&g[from..from + n]);
                 }
             }
