@@ -290,8 +290,9 @@ fn product_with_layout(
 }
 
 /// Weights interleaved in groups of eight rows give every element the bits of the plain rows,
-/// on every instruction set and thread count: mat-vec and a few columns through the eight-row
-/// group loop (the interleaved kernels on AVX-512 VNNI), more columns through a plain copy;
+/// on every instruction set and thread count: mat-vec and up to 24 columns through the
+/// eight-row group loop (the interleaved kernels on AVX-512 VNNI), more columns (and iq4_nl's
+/// from two on) through the packed paths with each chunk of rows de-interleaved;
 /// with a batch broadcasting the weights, and an odd last block for iq4_nl. The reference reads
 /// them as the plain rows, and `get_bytes` gives ggml's bytes back.
 #[test]
@@ -310,6 +311,8 @@ fn interleaved_weights_give_the_plain_bits() {
             (64, 8, 2),
             (96, 16, 8),
             (32, 24, 13),
+            (64, 40, 24),
+            (64, 72, 25),
             (288, 136, 1),
         ] {
             let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();

@@ -66,7 +66,7 @@ pub fn deinterleave8(t: DType, row_bytes: usize, packed: &[u8], out: &mut [u8]) 
 
 /// Every byte of `src` to its place in the other layout: the interleaved one when `forward`.
 fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool) -> Result<()> {
-    let (head, block, nb) = geometry(t, row_bytes, src.len())?;
+    let (head, block, _) = geometry(t, row_bytes, src.len())?;
     if out.len() != src.len() {
         return Err(Error::Invalid(format!(
             "{}interleave8: {} bytes in, room for {}",
@@ -75,7 +75,27 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
             out.len()
         )));
     }
-    let tail = block - head;
+    // fixed sizes, so that every move is a load and a store (the mat-mat of interleaved
+    // weights de-interleaves chunks of rows on the way)
+    match (head, block, forward) {
+        (2, 18, true) => regroup_as::<2, 18, true>(row_bytes, src, out),
+        (2, 18, false) => regroup_as::<2, 18, false>(row_bytes, src, out),
+        (4, 20, true) => regroup_as::<4, 20, true>(row_bytes, src, out),
+        (4, 20, false) => regroup_as::<4, 20, false>(row_bytes, src, out),
+        _ => unreachable!("{t}: a head of {head} bytes in {block}-byte blocks"),
+    }
+    Ok(())
+}
+
+/// [`regroup`] for blocks of `BLOCK` bytes with a `HEAD`-byte head (checked by the caller:
+/// whole groups of eight rows of whole blocks, `out` as long as `src`).
+fn regroup_as<const HEAD: usize, const BLOCK: usize, const FORWARD: bool>(
+    row_bytes: usize,
+    src: &[u8],
+    out: &mut [u8],
+) {
+    let tail = BLOCK - HEAD;
+    let nb = row_bytes / BLOCK;
     for (g, dst) in src
         .chunks_exact(8 * row_bytes)
         .zip(out.chunks_exact_mut(8 * row_bytes))
@@ -83,22 +103,19 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
         for i in 0..nb {
             for r in 0..8 {
                 // row r's block i: its head and its quants, plain and interleaved
-                let p = r * row_bytes + i * block;
-                let h = i * 8 * block + r * head;
-                let q = i * 8 * block + 8 * head + r * tail;
-                let moves = [(p, h, head), (p + head, q, tail)];
-                for (plain, inter, n) in moves {
-                    let (from, to) = if forward {
-                        (plain, inter)
-                    } else {
-                        (inter, plain)
-                    };
-                    dst[to..to + n].copy_from_slice(&g[from..from + n]);
+                let p = r * row_bytes + i * BLOCK;
+                let h = i * 8 * BLOCK + r * HEAD;
+                let q = i * 8 * BLOCK + 8 * HEAD + r * tail;
+                if FORWARD {
+                    dst[h..h + HEAD].copy_from_slice(&g[p..p + HEAD]);
+                    dst[q..q + BLOCK - HEAD].copy_from_slice(&g[p + HEAD..p + BLOCK]);
+                } else {
+                    dst[p..p + HEAD].copy_from_slice(&g[h..h + HEAD]);
+                    dst[p + HEAD..p + BLOCK].copy_from_slice(&g[q..q + BLOCK - HEAD]);
                 }
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -92,11 +92,9 @@ struct Layout {
     counter_off: usize,
     scratch_off: usize,
     /// Per-thread scratch: one f32 row of K (the column being quantized, or a weight row);
-    /// with interleaved weights at least one group of eight rows.
+    /// with interleaved weights also a group of eight rows, or after the packed paths' own
+    /// scratch a chunk of rows.
     per_thread: usize,
-    /// Interleaved weights (`tessera::layout`) against more than one column: where their
-    /// plain copy goes (`a`'s bytes; 0 bytes otherwise).
-    plain_off: usize,
 }
 
 /// Whether `a`'s rows are interleaved in groups of eight (`tessera::layout`).
@@ -104,14 +102,23 @@ fn interleaved(a: &Tensor) -> bool {
     a.layout != RowLayout::Plain
 }
 
-/// Whether the interleaved weights take the eight-row group loop (mat-vec and a few columns,
-/// every column with the one-column bits, which is what the plain path gives them) rather
-/// than a plain copy and the plain paths.
-fn group_loop(isa: Isa, t: DType, cols: usize) -> bool {
-    let packed_paths = (qgemm_0::applies(t, cols) && qgemm_0::runs_on(isa))
-        || qgemm_k::applies(t, cols)
-        || lanes_numerics(isa, t, cols);
-    !packed_paths && (cols == 1 || (cols <= FAR_ROWS_MAX_COLS && local_kernel(t)))
+/// Up to this many columns per batch, interleaved q4_0/q4_1 weights take the eight-row group
+/// loop even where the plain rows would take `qgemm_0` (which gives them the same bits).
+/// Interleaved against plain, same process, medians of seven rounds: q4_1 576×1536 on two
+/// threads 1.70× at 5 columns, 1.25× at 7, 1.01× at 8, 1.04× at 16, 1.05× at 24, 0.75× at
+/// 32; q4_0 4096×4096 on one thread 2.91× at 5, 1.87× at 8, 1.90× at 16, 1.88× at 24, 1.03×
+/// at 32, 0.87× at 48. Above it, `qgemm_0` with each chunk of rows de-interleaved on the way:
+/// 0.87-0.99× at 17-32 columns, 0.99× at 512.
+const GROUP_LOOP_MAX_COLS: usize = 24;
+
+/// Whether interleaved weights of `t` against `cols` columns per batch take the eight-row
+/// group loop (every column with the one-column bits) rather than the packed paths, given
+/// whether those run here (`packed`). The group loop is what every ISA without the packed
+/// paths gives the plain rows: the one-column kernels' bits; `qgemm_0` gives q4_0/q4_1 the same
+/// bits, so from few columns on the choice is by speed; iq4_nl's two-column-on numerics
+/// (`lanes_numerics`) and ggml's tiled rounding (`qgemm_k`) are theirs alone.
+fn group_loop(isa: Isa, t: DType, cols: usize, packed: bool, tiled: bool) -> bool {
+    !packed || (cols <= GROUP_LOOP_MAX_COLS && !tiled && !lanes_numerics(isa, t, cols))
 }
 
 fn layout(a: &Tensor, b: &Tensor) -> Layout {
@@ -149,16 +156,13 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     } else {
         k * 4
     };
-    let (per_thread, plain) = if interleaved(a) {
-        let group = 8 * a.dtype.row_size(k).unwrap_or(0);
-        let plain = if b.ne[1] > 1 {
-            a.nbytes().next_multiple_of(64)
-        } else {
-            0
-        };
-        (per_thread.max(group), plain)
+    let per_thread = if interleaved(a) {
+        // a group for the group loop; for the packed paths a chunk of plain rows after their
+        // own scratch
+        let row = a.dtype.row_size(k).unwrap_or(0);
+        (per_thread.next_multiple_of(64) + ROWS_PER_TAKE * row).max(8 * row)
     } else {
-        (per_thread, 0)
+        per_thread
     };
     Layout {
         qrow,
@@ -168,9 +172,8 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         cols,
         deq_off: qbytes + packed,
         counter_off: qbytes + packed + deq,
-        scratch_off: qbytes + packed + deq + 64 + plain,
+        scratch_off: qbytes + packed + deq + 64,
         per_thread: per_thread.next_multiple_of(64),
-        plain_off: qbytes + packed + deq + 64,
     }
 }
 
@@ -196,34 +199,13 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     let vdt = vec_dot_type(a.dtype);
     let row_bytes = a.dtype.row_size(k).expect("validated");
     let inter = interleaved(a);
-    if inter && !group_loop(ctx.isa, a.dtype, n) {
-        // Interleaved weights against many columns: their plain rows into the work buffer
-        // first (all threads, eight-row groups), then the plain paths below read that copy
-        // (the barrier after the columns' quantization orders it before any reads). One pass
-        // over the weights, against the k·m·n products of the mat-mat.
-        for g in ctx.share(a.nrows() / 8) {
-            // SAFETY: planning keeps interleaved leaves contiguous with whole groups; group
-            // g's bytes of the source and of the copy (inside the work buffer, size checked
-            // above) belong to this thread alone.
-            unsafe {
-                let src =
-                    std::slice::from_raw_parts(ctx.src[0].add(g * 8 * a.nb[1]), 8 * row_bytes);
-                let dst = std::slice::from_raw_parts_mut(
-                    ctx.wdata.add(l.plain_off + g * 8 * a.nb[1]),
-                    8 * row_bytes,
-                );
-                tessera::layout::deinterleave8(a.dtype, row_bytes, src, dst)
-                    .map_err(|e| ctx.err(e.to_string()))?;
-            }
-        }
-    }
-    // the weights' plain rows: in place, or the copy just made
-    let a_base: *const u8 = if inter && !group_loop(ctx.isa, a.dtype, n) {
-        // SAFETY: the copy lies inside the work buffer.
-        unsafe { ctx.wdata.add(l.plain_off) }
-    } else {
-        ctx.src[0]
-    };
+    let group0 = l.group0 && qgemm_0::runs_on(ctx.isa);
+    // (qgemm_0 gives every column the one-column bits; qgemm_k, ggml's tiled rounding, does
+    // not, so a batch-invariant execution keeps the one-column kernels for its types)
+    let tiled = l.tiled && !ctx.batch_invariant;
+    // interleaved weights: the group loop (below), or the packed paths with each chunk of rows
+    // de-interleaved on the way into this thread's scratch
+    let use_groups = inter && group_loop(ctx.isa, a.dtype, n, tiled || group0, tiled);
     // SAFETY: this thread's scratch row lies inside the work buffer (size checked above) and is
     // used by this thread alone.
     let tmp = unsafe {
@@ -265,11 +247,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         Ok(())
     };
-    let group0 = l.group0 && qgemm_0::runs_on(ctx.isa);
-    // (qgemm_0 gives every column the one-column bits; qgemm_k, ggml's tiled rounding, does
-    // not, so a batch-invariant execution keeps the one-column kernels for its types)
-    let tiled = l.tiled && !ctx.batch_invariant;
-    if tiled || group0 {
+    if (tiled || group0) && !use_groups {
         // whole groups of eight columns per thread: quantized, then packed for the kernel
         // (on AVX-512: as halves of pairs of groups, an even number per batch)
         let wide = if tiled {
@@ -359,8 +337,26 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // validated tensors and the work buffer; chunk c's rows are written by the thread
             // that took c only; its scratch is its own; qgemm_0 runs only where `runs_on` said so.
             unsafe {
+                let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
+                let mut w = ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]);
+                let (mut rows, mut dst) = (rows, ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]));
+                if inter {
+                    // the chunk's groups (rows and chunks are whole groups of eight: m and
+                    // ROWS_PER_TAKE are multiples of 8) as plain rows after the kernels'
+                    // scratch; the kernels then take them as rows 0.. of a batch whose result
+                    // starts at the chunk's first row
+                    let own = l.per_thread - ROWS_PER_TAKE * row_bytes;
+                    let n = rows.len() * row_bytes;
+                    let src = std::slice::from_raw_parts(w.add(rows.start * a.nb[1]), n);
+                    let plain = std::slice::from_raw_parts_mut(scratch.add(own), n);
+                    tessera::layout::deinterleave8(a.dtype, row_bytes, src, plain)
+                        .map_err(|e| ctx.err(e.to_string()))?;
+                    w = plain.as_ptr();
+                    dst = dst.add(4 * rows.start);
+                    rows = 0..rows.len();
+                }
                 let batch = qgemm_k::Batch {
-                    a: a_base.add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]),
+                    a: w,
                     a_nb1: a.nb[1],
                     packed: ctx.wdata.add(
                         l.packed_off
@@ -372,10 +368,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     ),
                     groups: gpb,
                     cols: b.ne[1],
-                    dst: ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]),
+                    dst,
                     d_nb1: d.nb[1],
                 };
-                let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
                 if tiled {
                     qgemm_k::run(ctx.isa, a.dtype, k, rows, &batch, scratch);
                 } else {
@@ -424,7 +419,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             })
         })
     };
-    if inter && group_loop(ctx.isa, a.dtype, n) {
+    if use_groups {
         // interleaved weights: whole groups of eight rows, two chunks a thread
         let chunk = if ctx.nth == 1 {
             m.max(8)
@@ -442,8 +437,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     8 * row_bytes,
                 );
                 for r0 in rows.step_by(8) {
-                    let g =
-                        std::slice::from_raw_parts(a_base.add(a_off + r0 * a.nb[1]), 8 * row_bytes);
+                    let g = std::slice::from_raw_parts(
+                        ctx.src[0].add(a_off + r0 * a.nb[1]),
+                        8 * row_bytes,
+                    );
                     for j in 0..n {
                         let x =
                             std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow);
@@ -482,7 +479,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // columns were finished before the barrier.
             unsafe {
                 let row = |r: usize| {
-                    std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
+                    std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
                 };
                 let qcol = |j: usize| {
                     std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
@@ -545,7 +542,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // the thread that took the chunk only.
             let one_range = |r: std::ops::Range<usize>| unsafe {
                 let w = std::slice::from_raw_parts(
-                    a_base.add(a_off + r.start * a.nb[1]),
+                    ctx.src[0].add(a_off + r.start * a.nb[1]),
                     (r.len() - 1) * a.nb[1] + row_bytes,
                 );
                 let out = std::slice::from_raw_parts_mut(
@@ -573,7 +570,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 // SAFETY: as for `one_range` (rows im are inside `rows`).
                 unsafe {
                     let w: [&[u8]; 8] = im.map(|r| {
-                        std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
                     });
                     let v = vec_dot8(ctx.isa, a.dtype, w, x, k, 0);
                     for (&r, y) in im.iter().zip(v) {
@@ -625,7 +622,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     // barrier.
                     unsafe {
                         let w = std::slice::from_raw_parts(
-                            a_base.add(a_off + s0 * a.nb[1]),
+                            ctx.src[0].add(a_off + s0 * a.nb[1]),
                             (s1 - s0 - 1) * a.nb[1] + row_bytes,
                         );
                         let qcol = |j: usize| {
@@ -652,7 +649,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             for r in s0..s1 {
                                 if r + ahead < r1 {
                                     prefetch_row(
-                                        a_base.add(a_off + (r + ahead) * a.nb[1]),
+                                        ctx.src[0].add(a_off + (r + ahead) * a.nb[1]),
                                         row_bytes,
                                     );
                                 }
@@ -698,7 +695,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 // before the barrier.
                 unsafe {
                     let row = |r: usize| {
-                        std::slice::from_raw_parts(a_base.add(a_off + r * a.nb[1]), row_bytes)
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
                     };
                     if group == 4 {
                         let ws = [row(im), row(im + 1), row(im + 2), row(im + 3)];
@@ -716,7 +713,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         // is computed (a single core streams from memory only with enough misses
                         // in flight; the one-row kernels have no prefetch of their own)
                         if c0 == 0 && im + ahead < r1 && !own_prefetch {
-                            prefetch_row(a_base.add(a_off + (im + ahead) * a.nb[1]), row_bytes);
+                            prefetch_row(ctx.src[0].add(a_off + (im + ahead) * a.nb[1]), row_bytes);
                         }
                         if !has_int_kernel(a.dtype) {
                             tessera_quants::dequantize_row(a.dtype.id(), arow, tmp)
