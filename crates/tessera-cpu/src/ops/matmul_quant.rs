@@ -107,8 +107,10 @@ fn interleaved(a: &Tensor) -> bool {
 /// Interleaved against plain, same process, medians of seven rounds: q4_1 576×1536 on two
 /// threads 1.70× at 5 columns, 1.25× at 7, 1.01× at 8, 1.04× at 16, 1.05× at 24, 0.75× at
 /// 32; q4_0 4096×4096 on one thread 2.91× at 5, 1.87× at 8, 1.90× at 16, 1.88× at 24, 1.03×
-/// at 32, 0.87× at 48. Above it, `qgemm_0` with each chunk of rows de-interleaved on the way:
-/// 0.87-0.99× at 17-32 columns, 0.99× at 512.
+/// at 32, 0.87× at 48. Above it `qgemm_0`'s windowed paths unpack the interleaved blocks in
+/// place (`Batch::interleaved`): 0.98-1.05× at 25 and 32 columns, 0.97-0.99× at 512 (with
+/// each chunk of rows de-interleaved into scratch first instead: 0.87-0.99×, which is what
+/// iq4_nl's few-column `qgemm_0` still does).
 const GROUP_LOOP_MAX_COLS: usize = 24;
 
 /// Whether interleaved weights of `t` against `cols` columns per batch take the eight-row
@@ -203,7 +205,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // (qgemm_0 gives every column the one-column bits; qgemm_k, ggml's tiled rounding, does
     // not, so a batch-invariant execution keeps the one-column kernels for its types)
     let tiled = l.tiled && !ctx.batch_invariant;
-    // interleaved weights: the group loop (below), or the packed paths with each chunk of rows
+    // interleaved weights: the group loop (below), or the packed paths, reading the blocks in
+    // place where they can (`qgemm_0::reads_interleaved`), else each chunk of rows
     // de-interleaved on the way into this thread's scratch
     let use_groups = inter && group_loop(ctx.isa, a.dtype, n, tiled || group0, tiled);
     // SAFETY: this thread's scratch row lies inside the work buffer (size checked above) and is
@@ -340,7 +343,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
                 let mut w = ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]);
                 let (mut rows, mut dst) = (rows, ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]));
-                if inter {
+                let in_place = inter && !tiled && qgemm_0::reads_interleaved(ctx.isa, a.dtype, n);
+                if inter && !in_place {
                     // the chunk's groups (rows and chunks are whole groups of eight: m and
                     // ROWS_PER_TAKE are multiples of 8) as plain rows after the kernels'
                     // scratch; the kernels then take them as rows 0.. of a batch whose result
@@ -370,6 +374,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     cols: b.ne[1],
                     dst,
                     d_nb1: d.nb[1],
+                    interleaved: in_place,
                 };
                 if tiled {
                     qgemm_k::run(ctx.isa, a.dtype, k, rows, &batch, scratch);

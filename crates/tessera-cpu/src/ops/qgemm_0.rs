@@ -298,6 +298,19 @@ fn pack_block(t: DType, cols: &[Option<&[u8]>; GROUP], b: usize, o: &mut [u8], a
 
 pub use super::qgemm_k::Batch;
 
+/// Whether [`run`] of `t` against `cols` columns per batch reads weights with interleaved rows
+/// (`Batch::interleaved`) in place: its windowed paths unpack blocks one by one and find each
+/// where the layout puts it; the few-column path reads whole rows and does not.
+pub fn reads_interleaved(isa: crate::simd::Isa, t: DType, cols: usize) -> bool {
+    let groups = if wide(isa, cols) {
+        2 * cols.div_ceil(2 * GROUP)
+    } else {
+        cols.div_ceil(GROUP)
+    };
+    tessera::layout::interleave_head(t).is_some()
+        && (wide(isa, cols) || groups > FEW_GROUPS || two_acc(t))
+}
+
 /// Computes rows `rows` of one batch against all its columns.
 ///
 /// # Safety
@@ -324,6 +337,7 @@ pub unsafe fn run(
     };
     let wide = wide(isa, b.cols);
     if !wide && b.groups <= FEW_GROUPS && !two_acc(t) {
+        assert!(!b.interleaved, "run_few reads whole plain rows");
         // SAFETY: forwarded.
         unsafe { run_few(vnni, t, k, rows, b) };
         return;
@@ -402,11 +416,21 @@ unsafe fn unpack_chunk(
     wide: bool,
 ) {
     let (kn, bsz) = (ks.len(), t.type_size());
+    let head = tessera::layout::interleave_head(t).unwrap_or(0);
     for (ri, r) in rows.clone().enumerate() {
         for (j, wb) in wbs[ri * kn..(ri + 1) * kn].iter_mut().enumerate() {
-            // SAFETY: block ks.start + j of row r lies inside the row (caller).
+            // SAFETY: block ks.start + j of row r lies inside the row (caller; interleaved:
+            // inside its group, its head and its 16 quant bytes where the layout puts them).
             unsafe {
-                avx2::unpack(t, b.a.add(r * b.a_nb1 + (ks.start + j) * bsz), wb, vnni);
+                let i = ks.start + j;
+                let (w, qs) = if b.interleaved {
+                    let g = b.a.add(r / 8 * 8 * b.a_nb1 + i * 8 * bsz);
+                    (g.add(r % 8 * head), g.add(8 * head + r % 8 * (bsz - head)))
+                } else {
+                    let w = b.a.add(r * b.a_nb1 + i * bsz);
+                    (w, w.add(avx2::quants_at(t)))
+                };
+                avx2::unpack_parts(t, w, qs, wb, vnni);
                 if wide && bias(t) != 0 {
                     avx2::to_signed(t, wb);
                 }
@@ -785,13 +809,30 @@ mod avx2 {
     /// iq4_nl then as value + 128 in `q`, instead of sign masks and magnitudes).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn unpack(t: DType, w: *const u8, o: &mut WBlock, vnni: bool) {
-        // SAFETY: one block of t at w (caller).
+        // SAFETY: forwarded (the block's quants at their offset).
+        unsafe { unpack_parts(t, w, w.add(quants_at(t)), o, vnni) }
+    }
+
+    /// Where q4_0's, q4_1's, q8_0's and iq4_nl's quants start in their block (0 for the
+    /// others, whose blocks [`unpack_parts`] reads from `w` alone).
+    pub fn quants_at(t: DType) -> usize {
+        match t {
+            DType::Q4_0 | DType::Q8_0 | DType::IQ4NL => 2,
+            DType::Q4_1 => 4,
+            _ => 0,
+        }
+    }
+
+    /// [`unpack`] of a block whose head (its scales) is at `w` and, for q4_0, q4_1, q8_0 and
+    /// iq4_nl, whose quants are at `qs` (elsewhere with interleaved rows).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn unpack_parts(t: DType, w: *const u8, qs: *const u8, o: &mut WBlock, vnni: bool) {
+        // SAFETY: one block of t at w, its quants at qs (caller).
         unsafe {
             let qp = o.q.as_mut_ptr() as *mut __m256i;
             match t {
                 DType::Q4_0 | DType::Q4_1 => {
-                    let off = if t == DType::Q4_0 { 2 } else { 4 };
-                    let q = _mm_loadu_si128(w.add(off) as *const __m128i);
+                    let q = _mm_loadu_si128(qs as *const __m128i);
                     let m4 = _mm_set1_epi8(15);
                     let lo = _mm_and_si128(q, m4);
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
@@ -826,9 +867,9 @@ mod avx2 {
                 DType::Q8_0 | DType::IQ4NL => {
                     // signed values (iq4_nl: its codebook's), kept as sign masks and magnitudes
                     let q = if t == DType::Q8_0 {
-                        _mm256_loadu_si256(w.add(2) as *const __m256i)
+                        _mm256_loadu_si256(qs as *const __m256i)
                     } else {
-                        crate::ops::qdot::avx2::iq4_values(w.add(2))
+                        crate::ops::qdot::avx2::iq4_values(qs)
                     };
                     if vnni {
                         _mm256_storeu_si256(qp, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));

@@ -782,6 +782,9 @@ pub struct Batch {
     /// Result column 0, row 0, and the bytes between result columns (rows are f32, contiguous).
     pub dst: *mut u8,
     pub d_nb1: usize,
+    /// The rows are interleaved by eight (`tessera::layout`), `a` the batch's first group:
+    /// only `qgemm_0`'s windowed paths read them so (`qgemm_0::reads_interleaved`).
+    pub interleaved: bool,
 }
 
 /// Computes rows `rows` of one batch against all its columns with ggml's tiled numerics.
