@@ -231,13 +231,22 @@ pub fn run(
     })?;
     println!();
     let dt = t0.elapsed().as_secs_f64();
+    let inter = model.interleaved_bytes();
     eprintln!(
-        "tessera: {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s overall), {} threads",
+        "tessera: {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s overall), {} threads{}",
         toks.len(),
         generated.len(),
         dt,
         generated.len() as f64 / dt,
-        ctx.n_threads()
+        ctx.n_threads(),
+        if inter > 0 {
+            format!(
+                ", {:.1} MB of weights with interleaved rows (--no-interleave: all mapped)",
+                inter as f64 / 1e6
+            )
+        } else {
+            String::new()
+        }
     );
     eprint!("{}", tessera_cpu::exec::profile::report());
     if ids {

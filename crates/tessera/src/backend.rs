@@ -363,7 +363,10 @@ impl Session {
     }
 
     /// Points a leaf at external read-only bytes (e.g. a tensor inside a memory-mapped GGUF
-    /// file): no copy is made.
+    /// file): no copy is made. The bytes are taken as the leaf's layout has them: for a leaf
+    /// with interleaved rows (`crate::layout`) they must be interleaved already (as
+    /// `layout::interleave8` writes them); the same holds for buffers given to
+    /// [`with_buffers`](Session::with_buffers) and [`put_buffer`](Session::put_buffer).
     pub fn bind_external(
         &mut self,
         id: TensorId,
