@@ -1,5 +1,6 @@
 //! A GGUF language model: architecture and hyper-parameters from the metadata, weights as
-//! zero-copy views into the memory-mapped file.
+//! zero-copy views into the memory-mapped file (or, after `Model::with_interleaved_rows`, the
+//! matrices this CPU reads faster so as copies in the interleaved layout).
 
 use std::collections::HashMap;
 use std::path::Path;
