@@ -321,6 +321,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             taken.store(0, Ordering::Relaxed);
         }
         ctx.barrier();
+        // interleaved weights that the kernels read in place (else chunk by chunk as plain rows)
+        let in_place = inter && !tiled && qgemm_0::reads_interleaved(ctx.isa, a.dtype, n);
         // Rows go out in chunks of ROWS_PER_TAKE from the shared counter, not as fixed halves:
         // a thread the host slows (this VM's vCPUs share their cores with other tenants) then
         // does fewer chunks instead of holding up the node. Which thread computes a row does
@@ -343,7 +345,6 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                 let scratch = ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread);
                 let mut w = ctx.src[0].add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]);
                 let (mut rows, mut dst) = (rows, ctx.dst.add(i2 * d.nb[2] + i3 * d.nb[3]));
-                let in_place = inter && !tiled && qgemm_0::reads_interleaved(ctx.isa, a.dtype, n);
                 if inter && !in_place {
                     // the chunk's groups (rows and chunks are whole groups of eight: m and
                     // ROWS_PER_TAKE are multiples of 8) as plain rows after the kernels'

@@ -304,16 +304,10 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
     unsafe fn prefetch(self, _: usize) {}
     #[inline(always)]
     unsafe fn d8(self, i: usize) -> __m256 {
+        // (q4_0 and iq4_nl: the whole head is d; q4_1 takes its d m pairs through `dm8`)
+        const { assert!(HEAD == 2) };
         // SAFETY: block i of the group exists (caller): its eight heads first.
-        unsafe {
-            if HEAD == 2 {
-                _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(i * 8 * BLOCK) as *const __m128i))
-            } else {
-                // the d of each d m pair
-                let dm = _mm256_loadu_si256(self.0.add(i * 8 * BLOCK) as *const __m256i);
-                _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm))
-            }
-        }
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(i * 8 * BLOCK) as *const __m128i)) }
     }
     #[inline(always)]
     unsafe fn e8m0_8(self, _: usize) -> __m256 {
