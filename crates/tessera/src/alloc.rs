@@ -125,8 +125,8 @@ impl Plan {
         }
 
         // An interleaved leaf (see `crate::layout`) is read by no kernel but mul_mat's for its
-        // first operand: anything else (a view, a copy, get_rows, an output) would see
-        // scrambled rows.
+        // first operand: anything else (a view, a copy, get_rows) would see scrambled rows.
+        // (Reading it back as an output is fine: `Session::get_bytes` de-interleaves.)
         for &id in &nodes {
             let t = graph.tensor(id);
             for (i, &s) in t
