@@ -85,6 +85,29 @@ pub fn avx_vnni_available() -> bool {
     false
 }
 
+/// Whether this CPU is AMD's (vendor string `AuthenticAMD`; asked once). Only defaults that
+/// were measured to go opposite ways on AMD and Intel cores ask it (the interleaved rows, see
+/// `crate::interleave_by_default`, and their kernels' software prefetch); no result depends
+/// on it.
+pub fn amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: OnceLock<bool> = OnceLock::new();
+        *AMD.get_or_init(|| {
+            // SAFETY: cpuid leaf 0 (the vendor string) exists on every x86_64 CPU.
+            #[allow(unused_unsafe)]
+            let r = unsafe { std::arch::x86_64::__cpuid(0) };
+            let mut v = [0u8; 12];
+            v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+            v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+            v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+            &v == b"AuthenticAMD"
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The instruction set chosen for this process (`TESSERA_ISA=scalar`, `=avx2` or `=avxvnni`
 /// forces a narrower one, for testing every path on one machine).
 pub fn isa() -> Isa {

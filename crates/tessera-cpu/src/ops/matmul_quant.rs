@@ -111,6 +111,15 @@ fn interleaved(a: &Tensor) -> bool {
 /// place (`Batch::interleaved`): 0.98-1.05× at 25 and 32 columns, 0.97-0.99× at 512 (with
 /// each chunk of rows de-interleaved into scratch first instead: 0.87-0.99×, which is what
 /// iq4_nl's few-column `qgemm_0` still does).
+///
+///
+/// With the AVX2 interleaved kernels (`qgemv_avx2`, two rows to a vector; Intel Ice Lake, AVX2
+/// forced, same process, medians of seven) the group loop wins wherever `qgemm_0` pads its
+/// groups of eight columns: q4_1 576×1536 one thread 1.43× at 5 columns, 1.19× at 6, 1.09×
+/// at 12; q4_0 576×1536 two threads 1.66× at 5, 1.41× at 12. At whole groups of eight it
+/// loses a little to the plain rows (q4_1 0.89× at 8, 0.90× at 16, q4_0 4096×4096 one thread
+/// 1.05-1.12× at 8-24), but handing those batches to `qgemm_0` with interleaved weights
+/// loses more (0.81-0.86× at 8, 0.86-0.94× at 16), so the bound is the same.
 const GROUP_LOOP_MAX_COLS: usize = 24;
 
 /// Whether interleaved weights of `t` against `cols` columns per batch take the eight-row
@@ -997,11 +1006,17 @@ pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize
 }
 
 /// Whether `isa` has the eight-row kernels of interleaved rows of `t` (AVX-512 VNNI: q4_0,
-/// q4_1, iq4_nl).
+/// q4_1, iq4_nl; AVX2 and AVX-VNNI: q4_0, q4_1).
 pub fn interleaved_kernel(isa: Isa, t: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        eight_row_kernel(isa, t) && super::qgemv_0::supports_interleaved(t)
+        match isa {
+            Isa::Avx512 => eight_row_kernel(isa, t) && super::qgemv_0::supports_interleaved(t),
+            Isa::Avx2 | Isa::AvxVnni => {
+                super::qdot::avx2::available() && super::qgemv_avx2::supported(t)
+            }
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -1012,7 +1027,8 @@ pub fn interleaved_kernel(isa: Isa, t: DType) -> bool {
 
 /// [`vec_dot8`] of one group of eight interleaved rows (`g`, `tessera::layout`), each
 /// result bit-identical to `vec_dot`'s: on AVX-512 VNNI the interleaved kernel of `qgemv_0`,
-/// elsewhere the group's plain rows in `scratch` (8 rows' bytes) and [`vec_dot8`].
+/// on AVX2 and AVX-VNNI `qgemv_avx2`'s (q4_0, q4_1), elsewhere the group's plain rows in
+/// `scratch` (8 rows' bytes) and [`vec_dot8`].
 pub fn vec_dot8_interleaved(
     isa: Isa,
     t: DType,
@@ -1024,8 +1040,18 @@ pub fn vec_dot8_interleaved(
     let row = g.len() / 8;
     #[cfg(target_arch = "x86_64")]
     if interleaved_kernel(isa, t) {
-        // SAFETY: the ISA has the kernel's features (eight_row_kernel); g holds the group.
-        return unsafe { super::qgemv_0::vec_dot8_interleaved(t, g, x, k) };
+        // SAFETY: the ISA has the kernel's features (`Isa::Avx512`: eight_row_kernel; the
+        // others AVX2, FMA and F16C, AVX-VNNI for `AvxVnni`); g holds the group and x its
+        // k / 32 activation blocks.
+        return unsafe {
+            match isa {
+                Isa::Avx512 => super::qgemv_0::vec_dot8_interleaved(t, g, x, k),
+                Isa::AvxVnni if super::qdot::avx2::uses_avx_vnni(isa) => {
+                    super::qgemv_avx2::vec_dot8_interleaved_avxvnni(t, g, x, k)
+                }
+                _ => super::qgemv_avx2::vec_dot8_interleaved(t, g, x, k),
+            }
+        };
     }
     let plain = &mut scratch[..g.len()];
     tessera::layout::deinterleave8(t, row, g, plain).expect("a whole group of eight rows");

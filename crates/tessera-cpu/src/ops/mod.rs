@@ -28,6 +28,8 @@ pub mod qgemm_0;
 pub mod qgemm_k;
 #[cfg(target_arch = "x86_64")]
 pub mod qgemv_0;
+#[cfg(target_arch = "x86_64")]
+pub mod qgemv_avx2;
 pub mod reduce;
 pub mod rope;
 pub mod rows;
