@@ -112,7 +112,6 @@ fn interleaved(a: &Tensor) -> bool {
 /// each chunk of rows de-interleaved into scratch first instead: 0.87-0.99×, which is what
 /// iq4_nl's few-column `qgemm_0` still does).
 ///
-///
 /// With the AVX2 interleaved kernels (`qgemv_avx2`, two rows to a vector; Intel Ice Lake, AVX2
 /// forced, same process, medians of seven) the group loop wins wherever `qgemm_0` pads its
 /// groups of eight columns: q4_1 576×1536 one thread 1.43× at 5 columns, 1.19× at 6, 1.09×

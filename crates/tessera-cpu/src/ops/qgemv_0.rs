@@ -222,7 +222,7 @@ pub const PREFETCH: usize = 512;
 /// hardware prefetcher keeps one core's stream fed and software prefetches only cost (from
 /// memory, one thread, q4_0 against the plain rows: 1.57× with none, 1.28×, 1.35× and 1.53×
 /// with five lines to L1 every two blocks 512, 1024 and 2048 bytes ahead). On Intel Ice Lake
-/// one stream without them reads 8.1-9.6 GB/s where the plain rows' eight reach 13-15
+/// one stream without them reads 8.1-9.7 GB/s where the plain rows' eight reach 13-15
 /// (`bench-ops --only bandwidth`, one thread); five lines to L2 every two blocks 8 KiB ahead
 /// bring it to 13.5-14.3 (4 KiB: 12.8-13.6, to L1: 11.9-12.5; 16 KiB: 13.5-14.6).
 pub fn interleaved_prefetch() -> usize {
