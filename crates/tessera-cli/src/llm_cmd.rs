@@ -39,11 +39,15 @@ pub struct ModelArgs {
     /// Scale of the LoRA adapter.
     #[arg(long = "lora-scale", default_value_t = 1.0)]
     pub lora_scale: f32,
-    /// Keep every weight mapped from the file in ggml's layout. By default, on CPUs with the
-    /// kernels for it (AVX-512 VNNI), q4_0, q4_1 and iq4_nl weights are copied once into rows
-    /// interleaved by eight, which their mat-vec streams faster (see the README).
-    #[arg(long = "no-interleave")]
+    /// Keep every weight mapped from the file in ggml's layout. By default, on AMD CPUs with
+    /// AVX-512 VNNI, q4_0, q4_1 and iq4_nl weights are copied once into rows interleaved by
+    /// eight, which their mat-vec streams faster there (see the README).
+    #[arg(long = "no-interleave", conflicts_with = "interleave")]
     pub no_interleave: bool,
+    /// Interleave q4_0, q4_1 and iq4_nl weights by eight rows on any CPU with AVX-512 VNNI,
+    /// not only on AMD's (on an Intel Ice Lake core it measured neither faster nor slower).
+    #[arg(long = "interleave")]
+    pub interleave: bool,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -104,8 +108,12 @@ pub fn load(args: &ModelArgs) -> Result<(Arc<Model>, ContextParams), String> {
         let adapter = tessera_llm::lora::Adapter::load(lp, &model).map_err(err)?;
         model = model.with_lora(Arc::new(adapter), args.lora_scale);
     }
-    if !args.no_interleave {
+    if args.interleave {
         model = model.with_interleaved_rows().map_err(err)?;
+    } else if !args.no_interleave {
+        model = model
+            .with_interleaved_rows_where(tessera_cpu::interleave_by_default)
+            .map_err(err)?;
     }
     let model = Arc::new(model);
     let kv_type = match args.cache_type.as_str() {

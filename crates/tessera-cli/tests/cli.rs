@@ -116,6 +116,28 @@ fn unreadable_input_exits_2_with_a_message() {
 }
 
 #[test]
+fn interleave_and_no_interleave_conflict() {
+    // asking for both layouts is a usage error before any model is looked for
+    let (code, _, err) = tessera(&[
+        "run",
+        "-m",
+        "/nonexistent/model.gguf",
+        "--interleave",
+        "--no-interleave",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--interleave") && err.contains("--no-interleave"),
+        "{err}"
+    );
+    assert!(!err.contains("/nonexistent/model.gguf"), "{err}");
+    // one of them alone gets as far as the model file
+    let (code, _, err) = tessera(&["run", "-m", "/nonexistent/model.gguf", "--interleave"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+}
+
+#[test]
 fn info_prints_metadata_and_tensors() {
     let Some(dir) = golden_dir() else { return };
     let path = dir.join("quant-gaussian.gguf");

@@ -53,6 +53,15 @@ pub fn interleaved_kernel(t: DType) -> bool {
     simd::isa() == simd::Isa::Avx512 && ops::matmul_quant::interleaved_kernel(simd::isa(), t)
 }
 
+/// Whether the model commands interleave weights of type `t` unless told otherwise: where
+/// [`interleaved_kernel`] says so and the layout measured a gain, which is on AMD's AVX-512
+/// cores (Zen 4: tg128 1.13× on one thread). On Intel's (an Ice Lake server core) it measured
+/// no gain either way, once its kernels prefetched to L2, against the cost of the copy at load
+/// time, so there it is an opt-in (`tessera run --interleave`).
+pub fn interleave_by_default(t: DType) -> bool {
+    simd::amd() && interleaved_kernel(t)
+}
+
 impl CpuBackend {
     /// A backend running on `n_threads` threads (the caller included) with the best ISA.
     pub fn new(n_threads: usize) -> CpuBackend {
