@@ -127,8 +127,8 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         shapes: Vec<String>,
         /// The quant section with the weights' rows interleaved by eight (`tessera::layout`)
-        /// where the type has that layout and this CPU its kernels, as `tessera run` lays out
-        /// a model's weights.
+        /// where the type has that layout and this CPU its kernels, as `tessera run
+        /// --interleave` lays out a model's weights (and `tessera run` does by default on AMD).
         #[arg(long)]
         interleave: bool,
     },
