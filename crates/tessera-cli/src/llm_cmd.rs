@@ -45,7 +45,8 @@ pub struct ModelArgs {
     #[arg(long = "no-interleave", conflicts_with = "interleave")]
     pub no_interleave: bool,
     /// Interleave q4_0, q4_1 and iq4_nl weights by eight rows on any CPU with AVX-512 VNNI,
-    /// not only on AMD's (on an Intel Ice Lake core it measured neither faster nor slower).
+    /// not only on AMD's (on an Intel Ice Lake core it made matrices in cache faster but
+    /// decoding no faster; see the README).
     #[arg(long = "interleave")]
     pub interleave: bool,
 }

@@ -55,9 +55,10 @@ pub fn interleaved_kernel(t: DType) -> bool {
 
 /// Whether the model commands interleave weights of type `t` unless told otherwise: where
 /// [`interleaved_kernel`] says so and the layout measured a gain, which is on AMD's AVX-512
-/// cores (Zen 4: tg128 1.13× on one thread). On Intel's (an Ice Lake server core) it measured
-/// no gain either way, once its kernels prefetched to L2, against the cost of the copy at load
-/// time, so there it is an opt-in (`tessera run --interleave`).
+/// cores (Zen 4: tg128 1.13× on one thread). On Intel's (an Ice Lake server core) decoding
+/// measured no gain, even with the kernels' L2 prefetch (tg128 0.83–1.20× the plain rows,
+/// alternated), against the cost of the copy at load time, so there it is an opt-in
+/// (`tessera run --interleave`).
 pub fn interleave_by_default(t: DType) -> bool {
     simd::amd() && interleaved_kernel(t)
 }
