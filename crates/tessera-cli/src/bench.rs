@@ -25,6 +25,8 @@ pub struct Opts {
     /// The quant section's weights with interleaved rows where the type and this CPU have
     /// them (`tessera_cpu::interleaved_kernel`).
     pub interleave: bool,
+    /// The bandwidth section's matrix and buffer size in MiB ([`bandwidth_bytes`] when `None`).
+    pub matrix_mib: Option<usize>,
 }
 
 /// The sections of `bench-ops`, in the order they run.
@@ -391,7 +393,11 @@ fn big_matvec(t: DType, bytes: usize, layout: tessera::RowLayout) -> (Session, u
         let mut s2 = Session::new(g, &[small]).unwrap();
         fill(&mut s2, small, 7);
         let block = s2.get_bytes(small).expect("bytes");
-        let all: Vec<u8> = block.iter().copied().cycle().take(row * m).collect();
+        let mut all: Vec<u8> = Vec::with_capacity(row * m);
+        while all.len() < row * m {
+            let n = block.len().min(row * m - all.len());
+            all.extend_from_slice(&block[..n]);
+        }
         s.set_bytes(a, &all).expect("set bytes");
     }
     fill(&mut s, b, 8);
@@ -515,15 +521,60 @@ fn section_quant(o: &Opts) {
     }
 }
 
+/// The size in bytes of the last-level (L3) cache this CPU reports (Linux sysfs), if any.
+pub fn l3_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter(|e| std::fs::read_to_string(e.path().join("level")).is_ok_and(|l| l.trim() == "3"))
+        .filter_map(|e| parse_cache_size(&std::fs::read_to_string(e.path().join("size")).ok()?))
+        .max()
+}
+
+/// A sysfs cache size ("32768K", "260M", "1G", or plain bytes) in bytes.
+pub fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 1usize << 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 1 << 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+/// The bandwidth section's default matrix and buffer size: 256 MiB, or four times the L3 that
+/// the CPU reports where that is larger (server CPUs report 260–480 MiB L3s, and a matrix that
+/// fits there measures the cache, not memory), rounded up to whole MiB.
+pub fn bandwidth_bytes(l3: Option<usize>) -> usize {
+    let want = l3.map_or(0, |l| l.saturating_mul(4)).max(256 << 20);
+    want.div_ceil(1 << 20) << 20
+}
+
 fn section_bandwidth(o: &Opts) {
-    const BYTES: usize = 256 << 20;
+    let l3 = l3_bytes();
+    let bytes = match o.matrix_mib {
+        Some(mib) => mib << 20,
+        None => bandwidth_bytes(l3),
+    };
     // pairs of one read pass (the best of 1, 4 and 8 streams) and one mat-vec, back to back
     let pairs = o.reps.max(9);
+    let against = match l3 {
+        Some(l) => format!(
+            "{:.1}x the {} MiB L3 this CPU reports",
+            bytes as f64 / l as f64,
+            l >> 20
+        ),
+        None => "this CPU reports no L3 size".to_string(),
+    };
     println!();
-    println!("mat-vec of a 256 MiB matrix (8x the L3 of this machine) vs the read bandwidth from memory, GB/s ({pairs} pairs of a read pass and a mat-vec, back to back; medians)");
+    println!(
+        "mat-vec of a {} MiB matrix ({against}) vs the read bandwidth from memory over a buffer of the same size, GB/s ({pairs} pairs of a read pass and a mat-vec, back to back; medians)",
+        bytes >> 20
+    );
     println!("| threads | read bandwidth | type | mat-vec GB/s | share of bandwidth (range over pairs) |");
     println!("|---|---|---|---|---|");
-    let buf: Vec<u64> = (0..(BYTES / 8) as u64).collect();
+    let buf: Vec<u64> = (0..(bytes / 8) as u64).collect();
     for &th in &o.threads {
         let cpu = CpuBackend::new(th);
         // each type with ggml's rows, then those with an interleaved layout that this CPU
@@ -542,7 +593,7 @@ fn section_bandwidth(o: &Opts) {
         for (t, layout) in cases {
             // Each mat-vec is paired with a read pass just before it, so a host slowdown,
             // which here lasts seconds, shows in both halves of a pair.
-            let (mut s, bytes) = big_matvec(t, BYTES, layout);
+            let (mut s, mbytes) = big_matvec(t, bytes, layout);
             s.compute(&cpu).unwrap();
             read_pass(&buf, th, 8);
             let (mut bw, mut mv, mut share) = (vec![], vec![], vec![]);
@@ -553,7 +604,7 @@ fn section_bandwidth(o: &Opts) {
                     .fold(0.0, f64::max);
                 let t0 = Instant::now();
                 s.compute(&cpu).unwrap();
-                let m = bytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
+                let m = mbytes as f64 / t0.elapsed().as_secs_f64() / 1e9;
                 bw.push(r);
                 mv.push(m);
                 share.push(m / r);
@@ -623,5 +674,30 @@ fn section_layer(o: &Opts) {
         let cpu = CpuBackend::new(th);
         let (t, allocs, slow) = bench_layer(&cpu, o.reps, 64);
         println!("| {th} | {:.2} | {allocs} | {slow} |", t * 1e3);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("266240K"), Some(260 << 20));
+        assert_eq!(parse_cache_size("300M"), Some(300 << 20));
+        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+        assert_eq!(parse_cache_size("4096"), Some(4096));
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(parse_cache_size("big"), None);
+    }
+
+    #[test]
+    fn bandwidth_matrix_outgrows_a_large_l3() {
+        // a 32 MiB L3 (Zen 4 CCD) or none keeps 256 MiB; a server L3 gets four times its size
+        assert_eq!(bandwidth_bytes(None), 256 << 20);
+        assert_eq!(bandwidth_bytes(Some(32 << 20)), 256 << 20);
+        assert_eq!(bandwidth_bytes(Some(260 << 20)), 1040 << 20);
+        assert_eq!(bandwidth_bytes(Some((300 << 20) + 1)), 1201 << 20);
     }
 }

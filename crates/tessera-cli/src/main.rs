@@ -131,6 +131,10 @@ enum Cmd {
         /// --interleave` lays out a model's weights (and `tessera run` does by default on AMD).
         #[arg(long)]
         interleave: bool,
+        /// The bandwidth section's matrix and read buffer, in MiB (default: 256, or four times
+        /// the L3 this CPU reports where that is larger, so that both stream from memory).
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65536))]
+        matrix_mib: Option<u64>,
     },
     /// Quantize a GGUF model like llama.cpp's llama-quantize (types, mixes, metadata).
     Quantize(quant_cmd::QuantizeArgs),
@@ -219,6 +223,7 @@ fn main() -> ExitCode {
             types,
             shapes,
             interleave,
+            matrix_mib,
         } => {
             if let Some(bad) = only.iter().find(|s| !bench::SECTIONS.contains(&s.as_str())) {
                 eprintln!(
@@ -267,6 +272,7 @@ fn main() -> ExitCode {
                 types: qtypes,
                 shapes: qshapes,
                 interleave,
+                matrix_mib: matrix_mib.map(|m| m as usize),
             });
             ExitCode::SUCCESS
         }
