@@ -543,20 +543,41 @@ pub fn parse_cache_size(s: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
+/// The memory this system has available (Linux `MemAvailable`), if it says.
+pub fn mem_available() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The bandwidth section's default matrix and buffer size: 256 MiB, or four times the L3 that
 /// the CPU reports where that is larger (server CPUs report 260–480 MiB L3s, and a matrix that
-/// fits there measures the cache, not memory), rounded up to whole MiB.
-pub fn bandwidth_bytes(l3: Option<usize>) -> usize {
+/// fits there measures the cache, not memory), rounded up to whole MiB; but at most a quarter
+/// of the available memory (the section holds the buffer, the matrix and, while filling it, a
+/// copy: three times the size), and at least 64 MiB. Returns the size and whether the memory
+/// capped it.
+pub fn bandwidth_bytes(l3: Option<usize>, available: Option<usize>) -> (usize, bool) {
     let want = l3.map_or(0, |l| l.saturating_mul(4)).max(256 << 20);
-    want.div_ceil(1 << 20) << 20
+    let want = want.div_ceil(1 << 20) << 20;
+    match available {
+        Some(a) if want > a / 4 => (((a / 4) >> 20 << 20).max(64 << 20), true),
+        _ => (want, false),
+    }
 }
 
 fn section_bandwidth(o: &Opts) {
     let l3 = l3_bytes();
-    let bytes = match o.matrix_mib {
-        Some(mib) => mib << 20,
-        None => bandwidth_bytes(l3),
+    let (bytes, capped) = match o.matrix_mib {
+        Some(mib) => (mib << 20, false),
+        None => bandwidth_bytes(l3, mem_available()),
     };
+    if capped {
+        eprintln!(
+            "note: bench-ops bandwidth: the matrix is cut to {} MiB, a quarter of the available memory (--matrix-mib sets it)",
+            bytes >> 20
+        );
+    }
     // pairs of one read pass (the best of 1, 4 and 8 streams) and one mat-vec, back to back
     let pairs = o.reps.max(9);
     let against = match l3 {
@@ -695,9 +716,26 @@ mod tests {
     #[test]
     fn bandwidth_matrix_outgrows_a_large_l3() {
         // a 32 MiB L3 (Zen 4 CCD) or none keeps 256 MiB; a server L3 gets four times its size
-        assert_eq!(bandwidth_bytes(None), 256 << 20);
-        assert_eq!(bandwidth_bytes(Some(32 << 20)), 256 << 20);
-        assert_eq!(bandwidth_bytes(Some(260 << 20)), 1040 << 20);
-        assert_eq!(bandwidth_bytes(Some((300 << 20) + 1)), 1201 << 20);
+        let plenty = Some(64 << 30);
+        assert_eq!(bandwidth_bytes(None, plenty), (256 << 20, false));
+        assert_eq!(bandwidth_bytes(Some(32 << 20), None), (256 << 20, false));
+        assert_eq!(
+            bandwidth_bytes(Some(260 << 20), plenty),
+            (1040 << 20, false)
+        );
+        assert_eq!(
+            bandwidth_bytes(Some((300 << 20) + 1), plenty),
+            (1201 << 20, false)
+        );
+        // three copies must fit: a quarter of the available memory at most, 64 MiB at least
+        assert_eq!(
+            bandwidth_bytes(Some(1 << 30), Some(8 << 30)),
+            (2 << 30, true)
+        );
+        assert_eq!(
+            bandwidth_bytes(None, Some((800 << 20) + 12345)),
+            (200 << 20, true)
+        );
+        assert_eq!(bandwidth_bytes(None, Some(100 << 20)), (64 << 20, true));
     }
 }

@@ -132,7 +132,8 @@ enum Cmd {
         #[arg(long)]
         interleave: bool,
         /// The bandwidth section's matrix and read buffer, in MiB (default: 256, or four times
-        /// the L3 this CPU reports where that is larger, so that both stream from memory).
+        /// the L3 this CPU reports where that is larger, so that both stream from memory; at
+        /// most a quarter of the available memory).
         #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65536))]
         matrix_mib: Option<u64>,
     },

@@ -138,6 +138,31 @@ fn interleave_and_no_interleave_conflict() {
 }
 
 #[test]
+fn bench_ops_matrix_size_is_checked_and_printed() {
+    // a zero-sized bandwidth matrix is a usage error naming the option
+    let (code, _, err) = tessera(&["bench-ops", "--only", "bandwidth", "--matrix-mib", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--matrix-mib"), "{err}");
+    // a small one runs, and the header names the size it used
+    let (code, out, err) = tessera(&[
+        "bench-ops",
+        "--only",
+        "bandwidth",
+        "--matrix-mib",
+        "16",
+        "--types",
+        "q8_0",
+        "-t",
+        "1",
+        "-r",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("mat-vec of a 16 MiB matrix"), "{out}");
+    assert!(out.contains("| 1 |") && out.contains("| q8_0 |"), "{out}");
+}
+
+#[test]
 fn info_prints_metadata_and_tensors() {
     let Some(dir) = golden_dir() else { return };
     let path = dir.join("quant-gaussian.gguf");
