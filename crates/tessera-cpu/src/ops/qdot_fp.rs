@@ -14,7 +14,9 @@
 //!   and llama.cpp's AVX2 build runs the generic code, which gcc compiles without contraction
 //!   there, so its AVX2 path has the scalar one's float steps, with the exact 32-element integer
 //!   sums in vector registers (as gcc vectorizes them). (Checked against llama.cpp's `libggml-cpu` in
-//!   `tests/qdot_fp.rs`.)
+//!   `tests/qdot_fp.rs`.) Under `Isa::Avx512` on a CPU with VNNI, mxfp4, nvfp4 and q1_0 take
+//!   the same loops with one `vpdpbusd` for each `vpmaddubsw` + `vpmaddwd` pair: the same i32
+//!   lanes, so the same results.
 //!
 //! The E2M1 codes go through `kvalues_fp4` (the values doubled, so integers) and the block
 //! scales are halved to match, exactly as ggml does; every scale conversion is exact.
@@ -43,7 +45,7 @@ pub(crate) fn avx2_kernel(isa: Isa, t: DType) -> Option<crate::ops::qdot::RowKer
         && t != DType::Q2_0
         && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && avx2::available())
-    .then(|| avx2::kernel(t))
+    .then(|| avx2::kernel(isa, t))
 }
 
 /// Dot of `nb` blocks of weight type `t` with the `nb · t.block_size() / 32` q8_0 blocks they
@@ -70,7 +72,7 @@ pub fn vec_dot(isa: Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
                 // sums in vector registers
                 avx2::generic_q2_0(w, x, nb)
             } else {
-                avx2::vec_dot(t, w, x, nb)
+                avx2::vec_dot(isa, t, w, x, nb)
             }
         };
     }
@@ -311,15 +313,21 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot(t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
+    pub unsafe fn vec_dot(isa: crate::simd::Isa, t: DType, w: &[u8], x: &[u8], nb: usize) -> f32 {
         // SAFETY: the caller guarantees nb blocks of t and the q8_0 blocks they meet behind w
-        // and x, and the CPU features every kernel is compiled for.
-        unsafe { kernel(t)(w.as_ptr(), x.as_ptr(), nb) }
+        // and x, and the CPU features every kernel is compiled for (`kernel` checks VNNI).
+        unsafe { kernel(isa, t)(w.as_ptr(), x.as_ptr(), nb) }
     }
 
-    /// The kernel for `t` (mxfp4, nvfp4 or q1_0).
-    pub fn kernel(t: DType) -> crate::ops::qdot::RowKernel {
+    /// The kernel for `t` (mxfp4, nvfp4 or q1_0) under `isa`: with AVX-512 VNNI where `isa`
+    /// asks for AVX-512 and the CPU has it (`vpdpbusd` for each `vpmaddubsw` + `vpmaddwd`
+    /// pair: the same i32 lanes, so the same results), else AVX2.
+    pub fn kernel(isa: crate::simd::Isa, t: DType) -> crate::ops::qdot::RowKernel {
+        let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
         match t {
+            DType::MXFP4 if vnni => mxfp4_vnni,
+            DType::NVFP4 if vnni => nvfp4_vnni,
+            DType::Q1_0 if vnni => q1_0_vnni,
             DType::MXFP4 => mxfp4,
             DType::NVFP4 => nvfp4,
             DType::Q1_0 => q1_0,
@@ -328,15 +336,12 @@ mod avx2 {
     }
 
     /// Signed bytes x·y summed in fours into 8 i32 lanes (ggml's `mul_add_epi8`, |x| as unsigned
-    /// times y with x's sign, then pairs of i16 summed).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_fours(x: __m256i, y: __m256i) -> __m256i {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-            _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
-        }
+    /// times y with x's sign, then pairs of i16 summed; one `vpdpbusd` for `V` = 1).
+    #[inline(always)]
+    unsafe fn dot_fours<const V: u8>(x: __m256i, y: __m256i) -> __m256i {
+        // SAFETY: register arithmetic only; V = 1 only inside functions compiled for AVX-512
+        // VNNI.
+        unsafe { crate::ops::qdot::avx2::dot4_i8::<V>(x, y) }
     }
 
     /// 16 bytes of E2M1 codes through `kvalues_fp4`: (low nibbles, high nibbles).
@@ -357,18 +362,29 @@ mod avx2 {
 
     /// The integer lanes of one mxfp4 block against its q8_0 block (elements j and j + 16 are
     /// qs[j]'s low and high nibble).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mxfp4_lanes(wb: *const u8, xb: *const u8) -> __m256 {
+    #[inline(always)]
+    unsafe fn mxfp4_lanes<const V: u8>(wb: *const u8, xb: *const u8) -> __m256 {
         // SAFETY: one block of each behind wb and xb (caller).
         unsafe {
             let (lo, hi) = fp4_values(wb.add(1));
-            _mm256_cvtepi32_ps(dot_fours(_mm256_set_m128i(hi, lo), load256(xb.add(2))))
+            _mm256_cvtepi32_ps(dot_fours::<V>(_mm256_set_m128i(hi, lo), load256(xb.add(2))))
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn mxfp4(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { mxfp4_body::<0>(w, x, nb) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn mxfp4_vnni(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded; the CPU has AVX-512 VNNI (`kernel`).
+        unsafe { mxfp4_body::<1>(w, x, nb) }
+    }
+
+    #[inline(always)]
+    unsafe fn mxfp4_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and x (caller).
         unsafe {
             let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -379,8 +395,8 @@ mod avx2 {
                 let (w2, x2) = (w1.add(17), x1.add(Q8_0_SIZE));
                 let d1 = f16(x1) * e8m0_half(*w1);
                 let d2 = f16(x2) * e8m0_half(*w2);
-                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), mxfp4_lanes(w1, x1), acc1);
-                acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), mxfp4_lanes(w2, x2), acc2);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), mxfp4_lanes::<V>(w1, x1), acc1);
+                acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), mxfp4_lanes::<V>(w2, x2), acc2);
                 i += 2;
             }
             let mut sumf = hsum(_mm256_add_ps(acc1, acc2));
@@ -398,6 +414,18 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn nvfp4(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { nvfp4_body::<0>(w, x, nb) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn nvfp4_vnni(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded; the CPU has AVX-512 VNNI (`kernel`).
+        unsafe { nvfp4_body::<1>(w, x, nb) }
+    }
+
+    #[inline(always)]
+    unsafe fn nvfp4_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and 2·nb q8_0 blocks behind x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
@@ -416,8 +444,8 @@ mod avx2 {
                     _mm_unpackhi_epi64(lo23, hi23),
                     _mm_unpacklo_epi64(lo23, hi23),
                 );
-                let p1 = _mm256_cvtepi32_ps(dot_fours(q01, load256(y0.add(2))));
-                let p2 = _mm256_cvtepi32_ps(dot_fours(q23, load256(y1.add(2))));
+                let p1 = _mm256_cvtepi32_ps(dot_fours::<V>(q01, load256(y0.add(2))));
+                let p2 = _mm256_cvtepi32_ps(dot_fours::<V>(q23, load256(y1.add(2))));
                 let (dy0, dy1) = (f16(y0), f16(y1));
                 let s0 = ue4m3_half(*wb) * dy0;
                 let s1 = ue4m3_half(*wb.add(1)) * dy0;
@@ -434,9 +462,8 @@ mod avx2 {
 
     /// The integer lanes of one q1_0 quarter (32 sign bits at `bits`) against one q8_0 block:
     /// each quant negated (two's complement, in bytes) where its bit is clear, summed in fours.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q1_lanes(bits: *const u8, yb: *const u8) -> __m256 {
+    #[inline(always)]
+    unsafe fn q1_lanes<const V: u8>(bits: *const u8, yb: *const u8) -> __m256 {
         // SAFETY: four readable bytes at bits, one q8_0 block at yb (caller).
         unsafe {
             let v = (bits as *const i32).read_unaligned();
@@ -454,22 +481,34 @@ mod avx2 {
             let neg = _mm256_cmpeq_epi8(bit, _mm256_setzero_si256());
             let qy = load256(yb.add(2));
             let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, neg), neg);
-            let s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), sy);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)))
+            _mm256_cvtepi32_ps(crate::ops::qdot::avx2::dot4::<V>(_mm256_set1_epi8(1), sy))
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q1_0(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { q1_0_body::<0>(w, x, nb) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q1_0_vnni(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded; the CPU has AVX-512 VNNI (`kernel`).
+        unsafe { q1_0_body::<1>(w, x, nb) }
+    }
+
+    #[inline(always)]
+    unsafe fn q1_0_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and 4·nb q8_0 blocks behind x (caller).
         unsafe {
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let (wb, yb) = (w.add(i * 18), x.add(4 * i * Q8_0_SIZE));
-                let mut block = _mm256_mul_ps(_mm256_set1_ps(f16(yb)), q1_lanes(wb.add(2), yb));
+                let mut block =
+                    _mm256_mul_ps(_mm256_set1_ps(f16(yb)), q1_lanes::<V>(wb.add(2), yb));
                 for k in 1..4 {
                     let y = yb.add(k * Q8_0_SIZE);
-                    let lanes = q1_lanes(wb.add(2 + 4 * k), y);
+                    let lanes = q1_lanes::<V>(wb.add(2 + 4 * k), y);
                     block = _mm256_fmadd_ps(_mm256_set1_ps(f16(y)), lanes, block);
                 }
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(wb)), block, acc);
