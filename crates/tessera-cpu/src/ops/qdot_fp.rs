@@ -424,35 +424,56 @@ mod avx2 {
         unsafe { nvfp4_body::<1>(w, x, nb) }
     }
 
+    /// 16 bytes of E2M1 codes (two nvfp4 sub-blocks) through `kvalues_fp4`, in ggml's order
+    /// for them: the low lane holds the first sub-block (the low nibbles of bytes 0..8, then
+    /// their high nibbles), the high lane the second (bytes 8..16). Built from a 128-bit
+    /// broadcast load, one in-lane shuffle and a per-qword shift where the unpacks and the
+    /// lane insert of ggml's loop take the shuffle port.
+    #[inline(always)]
+    unsafe fn nvfp4_codes(p: *const u8, values: __m256i) -> __m256i {
+        // SAFETY: 16 readable bytes at p (caller); register arithmetic otherwise.
+        unsafe {
+            let q = _mm256_broadcastsi128_si256(load128(p));
+            // each lane's qwords: its eight bytes twice, the second copy shifted by a nibble
+            let dup = _mm256_setr_epi8(
+                0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9,
+                10, 11, 12, 13, 14, 15,
+            );
+            let q = _mm256_srlv_epi64(_mm256_shuffle_epi8(q, dup), _mm256_setr_epi64x(0, 4, 0, 4));
+            _mm256_shuffle_epi8(values, _mm256_and_si256(q, _mm256_set1_epi8(15)))
+        }
+    }
+
+    /// [`ue4m3_half`] of the bytes at `d` and `d + 1`, each in four lanes (low, then high).
+    #[inline(always)]
+    unsafe fn scale_pair(d: *const u8) -> __m256 {
+        // SAFETY: two readable bytes at d (caller).
+        unsafe {
+            _mm256_blend_ps::<0xF0>(
+                _mm256_set1_ps(ue4m3_half(*d)),
+                _mm256_set1_ps(ue4m3_half(*d.add(1))),
+            )
+        }
+    }
+
     #[inline(always)]
     unsafe fn nvfp4_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
         // SAFETY: nb blocks behind w and 2·nb q8_0 blocks behind x (caller).
         unsafe {
+            let values = _mm256_broadcastsi128_si256(load128(KVALUES_FP4.as_ptr() as *const u8));
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let (wb, y0) = (w.add(i * 36), x.add(2 * i * Q8_0_SIZE));
                 let y1 = y0.add(Q8_0_SIZE);
-                // sub-blocks 0 and 1 (qs 0..16) meet q8_0 block 0, 2 and 3 block 1; a
-                // sub-block's 16 elements are its 8 low nibbles then its 8 high ones
-                let (lo01, hi01) = fp4_values(wb.add(4));
-                let (lo23, hi23) = fp4_values(wb.add(20));
-                let q01 = _mm256_set_m128i(
-                    _mm_unpackhi_epi64(lo01, hi01),
-                    _mm_unpacklo_epi64(lo01, hi01),
-                );
-                let q23 = _mm256_set_m128i(
-                    _mm_unpackhi_epi64(lo23, hi23),
-                    _mm_unpacklo_epi64(lo23, hi23),
-                );
+                // sub-blocks 0 and 1 (qs 0..16) meet q8_0 block 0, 2 and 3 block 1
+                let q01 = nvfp4_codes(wb.add(4), values);
+                let q23 = nvfp4_codes(wb.add(20), values);
                 let p1 = _mm256_cvtepi32_ps(dot_fours::<V>(q01, load256(y0.add(2))));
                 let p2 = _mm256_cvtepi32_ps(dot_fours::<V>(q23, load256(y1.add(2))));
-                let (dy0, dy1) = (f16(y0), f16(y1));
-                let s0 = ue4m3_half(*wb) * dy0;
-                let s1 = ue4m3_half(*wb.add(1)) * dy0;
-                let s2 = ue4m3_half(*wb.add(2)) * dy1;
-                let s3 = ue4m3_half(*wb.add(3)) * dy1;
-                let sc01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
-                let sc23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+                // ggml's s_k = ue4m3(d_k)·dy (the same products, lane by lane), from broadcast
+                // table loads and a blend rather than scalar products and lane inserts
+                let sc01 = _mm256_mul_ps(scale_pair(wb), _mm256_set1_ps(f16(y0)));
+                let sc23 = _mm256_mul_ps(scale_pair(wb.add(2)), _mm256_set1_ps(f16(y1)));
                 acc = _mm256_fmadd_ps(sc01, p1, acc);
                 acc = _mm256_fmadd_ps(sc23, p2, acc);
             }
