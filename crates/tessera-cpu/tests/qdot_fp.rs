@@ -295,3 +295,62 @@ fn four_row_kernel_of_mxfp4_equals_ggml() {
     let checked = check_four_rows(DType::MXFP4, &of_t, &[0, 4096]);
     assert!(!has_avx2() || checked >= 4 * of_t.len());
 }
+
+/// nvfp4's two-row kernel (`qdot::vec_dot_rows`: row q with row q + n/2, an odd last row
+/// alone) gives every row ggml's AVX2 bits: each fixture row at every position of 1 to 5 rows
+/// (the others the fixture's rows of its length, one with every byte flipped), rows a little
+/// more than a row apart, on this CPU's instruction set and the AVX2 one; every other row
+/// equals `vec_dot` on it.
+#[test]
+fn row_pairs_of_nvfp4_equal_ggml() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: the two-row kernel is not checked");
+        return;
+    }
+    let t = DType::NVFP4;
+    let cases = fixture();
+    let of_t = cases_of(&cases, t, &[]);
+    let mut checked = 0;
+    for (ci, c) in of_t.iter().enumerate() {
+        let row = c.w.len();
+        let stride = row + 36; // a gap of one block between rows
+        let mut others: Vec<Vec<u8>> = of_t
+            .iter()
+            .cycle()
+            .skip(ci + 1)
+            .filter(|o| o.k == c.k)
+            .take(3)
+            .map(|o| o.w.clone())
+            .collect();
+        others.push(c.w.iter().map(|b| b ^ 0xa5).collect());
+        for n in 1..=5usize {
+            for pos in 0..n {
+                let mut w = vec![0u8; (n - 1) * stride + row];
+                let mut o = others.iter().cycle();
+                for r in 0..n {
+                    let src = if r == pos { &c.w } else { o.next().unwrap() };
+                    w[r * stride..r * stride + row].copy_from_slice(src);
+                }
+                for isa in [Isa::Avx2, tessera_cpu::simd::isa()] {
+                    let mut out = vec![f32::NAN; n];
+                    qdot::vec_dot_rows(isa, t, &w, stride, &c.x, c.k, &mut out);
+                    assert_eq!(
+                        out[pos].to_bits(),
+                        c.avx2.to_bits(),
+                        "k={} pattern {} row {pos} of {n} {isa:?}: {} vs ggml {}",
+                        c.k,
+                        c.pattern,
+                        out[pos],
+                        c.avx2
+                    );
+                    for (r, &got) in out.iter().enumerate() {
+                        let one = vec_dot(isa, t, &w[r * stride..r * stride + row], &c.x, c.k);
+                        assert_eq!(got.to_bits(), one.to_bits(), "row {r} of {n} {isa:?}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 2 * 15 * of_t.len(), "{checked} checks");
+}

@@ -39,7 +39,7 @@ pub fn supported(t: DType) -> bool {
     use DType::*;
     matches!(
         t,
-        Q5_0 | Q5_1 | IQ4NL | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS | TQ1_0 | TQ2_0
+        Q5_0 | Q5_1 | IQ4NL | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS | TQ1_0 | TQ2_0 | NVFP4
     ) || super::qdot_iq2::supported(t)
         || super::qdot_iq13::supported(t)
         || super::qdot_fp::supported(t)
@@ -52,7 +52,7 @@ pub(crate) fn self_prefetching(t: DType) -> bool {
     use DType::*;
     matches!(
         t,
-        Q5_0 | Q5_1 | IQ4NL | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS | TQ1_0 | TQ2_0
+        Q5_0 | Q5_1 | IQ4NL | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS | TQ1_0 | TQ2_0 | NVFP4
     )
 }
 
@@ -173,6 +173,14 @@ pub fn vec_dot_rows(
                 avx2::vec_dot_rows(t, w.as_ptr(), stride, x, nb, out)
             }
         };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kernel) = super::qdot_fp::avx2_rows_kernel(isa, t) {
+        // nvfp4: two rows at a time, each with its own accumulator (same bits as one row)
+        // SAFETY: n rows of nb blocks lie stride apart in w and x holds nb activation blocks
+        // (asserted above); out has n elements; `avx2_rows_kernel` checked the CPU's features.
+        unsafe { kernel(w.as_ptr(), stride, x.as_ptr(), nb, out.as_mut_ptr(), n) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

@@ -18,6 +18,11 @@
 //!   the same loops with one `vpdpbusd` for each `vpmaddubsw` + `vpmaddwd` pair: the same i32
 //!   lanes, so the same results.
 //!
+//! `qdot::vec_dot_rows` takes nvfp4 rows two at a time (`avx2_rows_kernel`): each row keeps
+//! its own accumulator and its own order of operations, so every result is the one-row
+//! kernel's, but the two chains of dependent FMAs overlap (checked against llama.cpp's values
+//! at every position of one to five rows in `tests/qdot_fp.rs`).
+//!
 //! The E2M1 codes go through `kvalues_fp4` (the values doubled, so integers) and the block
 //! scales are halved to match, exactly as ggml does; every scale conversion is exact.
 
@@ -46,6 +51,23 @@ pub(crate) fn avx2_kernel(isa: Isa, t: DType) -> Option<crate::ops::qdot::RowKer
         && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
         && avx2::available())
     .then(|| avx2::kernel(isa, t))
+}
+
+/// A several-row kernel: the dots of `n` weight rows of `nb` blocks, `stride` bytes apart from
+/// the first pointer, with the activation blocks at the second, into the `n` f32 at `out`.
+///
+/// Safety: the pointers hold that much, and the CPU has the features the kernel was chosen
+/// for.
+#[cfg(target_arch = "x86_64")]
+pub(crate) type RowsKernel = unsafe fn(*const u8, usize, *const u8, usize, *mut f32, usize);
+
+/// The AVX2 several-row kernel for `t` on `isa` (nvfp4: two rows at a time, each row's bits
+/// those of [`vec_dot`]); `None` where rows go one at a time through [`avx2_kernel`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_rows_kernel(isa: Isa, t: DType) -> Option<RowsKernel> {
+    (matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512) && avx2::available())
+        .then(|| avx2::rows_kernel(isa, t))
+        .flatten()
 }
 
 /// Dot of `nb` blocks of weight type `t` with the `nb · t.block_size() / 32` q8_0 blocks they
@@ -235,7 +257,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     // the helpers the integer kernels share
-    use crate::ops::qdot::avx2::{hsum, load128, load256};
+    use crate::ops::qdot::avx2::{hsum, load128, load256, prefetch_block};
 
     /// The f16 at `p` through [`crate::ops::qdot::F16_TO_F32`] (a table load the compiler
     /// folds into the broadcast that follows).
@@ -456,28 +478,114 @@ mod avx2 {
         }
     }
 
+    /// `R` weight rows of `nb` blocks each (at `w[r]`) against one activation row: each row
+    /// the same lanes, the same FMAs in ggml's order and the same reduction as ggml's one-row
+    /// loop, so the same bits, but `R` independent accumulators. One row is bound by its
+    /// accumulator (two dependent FMAs a block, 8 cycles); with two rows the shuffles bound
+    /// it instead. The activation loads and their scales are shared; each row asks for its
+    /// weights `PREFETCH_AHEAD` bytes ahead (`qdot::avx2::prefetch_block`).
     #[inline(always)]
-    unsafe fn nvfp4_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
-        // SAFETY: nb blocks behind w and 2·nb q8_0 blocks behind x (caller).
+    unsafe fn nvfp4_rows_r<const V: u8, const R: usize>(
+        w: [*const u8; R],
+        x: *const u8,
+        nb: usize,
+    ) -> [f32; R] {
+        // SAFETY: nb blocks behind every w[r] and 2·nb q8_0 blocks behind x (caller).
         unsafe {
             let values = _mm256_broadcastsi128_si256(load128(KVALUES_FP4.as_ptr() as *const u8));
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
-                let (wb, y0) = (w.add(i * 36), x.add(2 * i * Q8_0_SIZE));
+                let y0 = x.add(2 * i * Q8_0_SIZE);
                 let y1 = y0.add(Q8_0_SIZE);
-                // sub-blocks 0 and 1 (qs 0..16) meet q8_0 block 0, 2 and 3 block 1
-                let q01 = nvfp4_codes(wb.add(4), values);
-                let q23 = nvfp4_codes(wb.add(20), values);
-                let p1 = _mm256_cvtepi32_ps(dot_fours::<V>(q01, load256(y0.add(2))));
-                let p2 = _mm256_cvtepi32_ps(dot_fours::<V>(q23, load256(y1.add(2))));
-                // ggml's s_k = ue4m3(d_k)·dy (the same products, lane by lane), from broadcast
-                // table loads and a blend rather than scalar products and lane inserts
-                let sc01 = _mm256_mul_ps(scale_pair(wb), _mm256_set1_ps(f16(y0)));
-                let sc23 = _mm256_mul_ps(scale_pair(wb.add(2)), _mm256_set1_ps(f16(y1)));
-                acc = _mm256_fmadd_ps(sc01, p1, acc);
-                acc = _mm256_fmadd_ps(sc23, p2, acc);
+                let (ya, yb) = (load256(y0.add(2)), load256(y1.add(2)));
+                let (dy0, dy1) = (_mm256_set1_ps(f16(y0)), _mm256_set1_ps(f16(y1)));
+                for r in 0..R {
+                    let wb = w[r].add(i * 36);
+                    prefetch_block::<36>(wb);
+                    // sub-blocks 0 and 1 (qs 0..16) meet q8_0 block 0, 2 and 3 block 1
+                    let q01 = nvfp4_codes(wb.add(4), values);
+                    let q23 = nvfp4_codes(wb.add(20), values);
+                    let p1 = _mm256_cvtepi32_ps(dot_fours::<V>(q01, ya));
+                    let p2 = _mm256_cvtepi32_ps(dot_fours::<V>(q23, yb));
+                    // ggml's s_k = ue4m3(d_k)·dy (the same products, lane by lane), from
+                    // broadcast table loads and a blend rather than scalar products and lane
+                    // inserts
+                    let sc01 = _mm256_mul_ps(scale_pair(wb), dy0);
+                    let sc23 = _mm256_mul_ps(scale_pair(wb.add(2)), dy1);
+                    acc[r] = _mm256_fmadd_ps(sc01, p1, acc[r]);
+                    acc[r] = _mm256_fmadd_ps(sc23, p2, acc[r]);
+                }
             }
-            hsum(acc)
+            acc.map(|a| hsum(a))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn nvfp4_body<const V: u8>(w: *const u8, x: *const u8, nb: usize) -> f32 {
+        // SAFETY: forwarded.
+        unsafe { nvfp4_rows_r::<V, 1>([w], x, nb)[0] }
+    }
+
+    /// `n` rows `stride` bytes apart into `out[..n]`: row q with row q + n/2 (two long runs
+    /// through memory rather than two short ones), an odd last row alone.
+    #[inline(always)]
+    unsafe fn nvfp4_rows_body<const V: u8>(
+        w: *const u8,
+        stride: usize,
+        x: *const u8,
+        nb: usize,
+        out: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: n rows of nb blocks behind w, stride apart; 2·nb q8_0 blocks behind x; n
+        // writable f32 at out (caller).
+        unsafe {
+            let h = n / 2;
+            for q in 0..h {
+                let [a, b] =
+                    nvfp4_rows_r::<V, 2>([w.add(q * stride), w.add((q + h) * stride)], x, nb);
+                *out.add(q) = a;
+                *out.add(q + h) = b;
+            }
+            if n % 2 == 1 {
+                *out.add(n - 1) = nvfp4_body::<V>(w.add((n - 1) * stride), x, nb);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nvfp4_rows(
+        w: *const u8,
+        stride: usize,
+        x: *const u8,
+        nb: usize,
+        out: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: forwarded.
+        unsafe { nvfp4_rows_body::<0>(w, stride, x, nb, out, n) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn nvfp4_rows_vnni(
+        w: *const u8,
+        stride: usize,
+        x: *const u8,
+        nb: usize,
+        out: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: forwarded; the CPU has AVX-512 VNNI (`rows_kernel`).
+        unsafe { nvfp4_rows_body::<1>(w, stride, x, nb, out, n) }
+    }
+
+    /// The several-row kernel for `t` under `isa` (nvfp4 only), as [`kernel`] chooses.
+    pub fn rows_kernel(isa: crate::simd::Isa, t: DType) -> Option<RowsKernel> {
+        let vnni = crate::ops::qdot::avx2::uses_vnni(isa);
+        match t {
+            DType::NVFP4 if vnni => Some(nvfp4_rows_vnni),
+            DType::NVFP4 => Some(nvfp4_rows),
+            _ => None,
         }
     }
 
