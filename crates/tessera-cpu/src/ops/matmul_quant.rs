@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tessera::{DType, Result, RowLayout, Tensor};
 
+use super::qdot::prefetch_row;
 use super::{qgemm_0, qgemm_k};
 use crate::exec::NodeCtx;
 use crate::simd::Isa;
@@ -656,21 +657,23 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                             j += 4;
                         }
                         if c0 == 0 && j == 0 && j < c1 && !own_prefetch {
-                            // the first column row by row, the row `ahead` rows on into the
-                            // cache as each is computed (the kernels do not prefetch; whole
-                            // groups of rows prefetched at once cost 10 % on L3-resident
-                            // weights)
-                            for r in s0..s1 {
-                                if r + ahead < r1 {
-                                    prefetch_row(
-                                        ctx.src[0].add(a_off + (r + ahead) * a.nb[1]),
-                                        row_bytes,
-                                    );
-                                }
-                                let wr = &w[(r - s0) * a.nb[1]..][..row_bytes];
-                                *(ctx.dst.add(d_off + r * 4) as *mut f32) =
-                                    vec_dot(ctx.isa, a.dtype, wr, qcol(0), k);
-                            }
+                            // the first column, the row `ahead` rows on into the cache as
+                            // each is computed (the kernels do not prefetch; whole groups of
+                            // rows prefetched at once cost 10 % on L3-resident weights)
+                            let out = std::slice::from_raw_parts_mut(
+                                (ctx.dst.add(d_off) as *mut f32).add(s0),
+                                s1 - s0,
+                            );
+                            super::qdot::vec_dot_rows_ahead(
+                                ctx.isa,
+                                a.dtype,
+                                w,
+                                a.nb[1],
+                                qcol(0),
+                                k,
+                                out,
+                                Some((ahead, r1 - s0)),
+                            );
                             j += 1;
                         }
                         for j in j..c1 {
@@ -821,23 +824,6 @@ fn four_row_tiles<'a>(
             put(j, i, y);
         }
     }
-}
-
-/// Asks the cache for the `bytes` at `p`, one prefetch per cache line (never faults).
-#[inline]
-fn prefetch_row(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetching is a hint that never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(
-                p.wrapping_add(off) as *const i8,
-                std::arch::x86_64::_MM_HINT_T0,
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
 }
 
 /// Quantizes one row of activations to `vdt` exactly as ggml's x86 CPU backend does (its
