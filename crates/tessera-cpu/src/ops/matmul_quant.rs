@@ -975,7 +975,7 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K
 /// (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
 /// types without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
@@ -2100,6 +2100,7 @@ mod tests {
             DType::MXFP4,
             DType::Q8_0,
             DType::Q5_0,
+            DType::Q5_1,
             DType::IQ4XS,
             DType::Q4K,
             DType::Q6K,
@@ -2137,7 +2138,7 @@ mod tests {
                                 w[b * ws + d_at..b * ws + d_at + 2].copy_from_slice(
                                     &half::f16::from_f32(d).to_bits().to_le_bytes(),
                                 );
-                                if t == DType::Q4_1 || t == DType::Q4K {
+                                if matches!(t, DType::Q4_1 | DType::Q5_1 | DType::Q4K) {
                                     let m = (next() % 1000) as f32 / 300.0 - 1.5;
                                     w[b * ws + 2..b * ws + 4].copy_from_slice(
                                         &half::f16::from_f32(m).to_bits().to_le_bytes(),

@@ -1,6 +1,6 @@
-//! Mat-vec of q4_0, q4_1, iq4_nl, iq4_xs, q4_K and q6_K on AVX-512 VNNI: eight weight rows against one
-//! activation row (q8_0; q8_1 for q4_1, q8_K for iq4_xs) per call, four rows to a 512-bit
-//! vector.
+//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K on AVX-512 VNNI:
+//! eight weight rows against one activation row (q8_0; q8_1 for q4_1 and q5_1, q8_K for
+//! iq4_xs and the k-quants) per call, four rows to a 512-bit vector.
 //!
 //! ggml's x86 `vec_dot` of these types gives each row eight f32 lanes, lane `l` summing
 //! elements `4l..4l+3` of every 32-element block as an exact integer, converted and
@@ -35,6 +35,8 @@ pub fn supported(t: DType) -> bool {
         t,
         DType::Q4_0
             | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
             | DType::IQ4NL
             | DType::MXFP4
             | DType::IQ4XS
@@ -62,6 +64,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::IQ4NL => offset_rows::<true, false, _>(Apart::<18, 2>(wp), x.as_ptr(), nb),
             DType::MXFP4 => offset_rows::<true, true, _>(Apart::<17, 1>(wp), x.as_ptr(), nb),
             DType::Q4_1 => q4_1_rows(Apart::<20, 4>(wp), x.as_ptr(), nb),
+            DType::Q5_0 => q5_rows::<false, 22, 2>(wp, x.as_ptr(), nb),
+            DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
             DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows(wp, x.as_ptr(), k / 256),
             DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
@@ -529,6 +533,123 @@ unsafe fn q4_1_rows<S: Rows8>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
                 .enumerate()
             {
                 out[4 * h + j] = v + s[2 * (4 * h + j) + 1];
+            }
+        }
+        out
+    }
+}
+
+/// The fifth bits of one block of rows `4h..4h + 4` (q5_0, q5_1: the little-endian u32 at
+/// byte `QH` of the block, bit e for element e) as byte masks in [`quad`]'s order: byte b of
+/// 128-bit lane j is element b (`.0`) and element 16 + b (`.1`) of row 4h + j.
+#[inline(always)]
+unsafe fn fifth_bits<const QH: usize>(p: &[*const u8; 8], h: usize) -> (__mmask64, __mmask64) {
+    // SAFETY: four readable bytes at `p[4h + j] + QH` (caller); the rest is register
+    // arithmetic.
+    unsafe {
+        let r = |j: usize| (p[4 * h + j].add(QH) as *const u32).read_unaligned() as u64;
+        // [qh_0 qh_1 qh_2 qh_3] in every 128-bit lane
+        let v = _mm512_broadcast_i32x4(_mm_set_epi64x(
+            (r(2) | r(3) << 32) as i64,
+            (r(0) | r(1) << 32) as i64,
+        ));
+        // lane j, byte b: byte b / 8 (low half) or 2 + b / 8 (high half) of qh_j
+        let pick = |hi: i64| {
+            let lane = |j: i64| {
+                let b = 4 * j + 2 * hi;
+                (b * 0x0101_0101_0101_0101, (b + 1) * 0x0101_0101_0101_0101)
+            };
+            let (a0, a1) = lane(0);
+            let (b0, b1) = lane(1);
+            let (c0, c1) = lane(2);
+            let (d0, d1) = lane(3);
+            _mm512_setr_epi64(a0, a1, b0, b1, c0, c1, d0, d1)
+        };
+        let bit = _mm512_set1_epi64(0x8040_2010_0804_0201u64 as i64);
+        (
+            _mm512_test_epi8_mask(_mm512_shuffle_epi8(v, pick(0)), bit),
+            _mm512_test_epi8_mask(_mm512_shuffle_epi8(v, pick(1)), bit),
+        )
+    }
+}
+
+/// q5_0 against q8_0 (`MIN` false: values u − 16, u = nibble + 16·fifth bit) or q5_1 against
+/// q8_1 (`MIN`: unsigned u with a min, as q4_1): blocks of `BLOCK` bytes, `qh` at byte `QH`
+/// and the 16 quant bytes after it. ggml's `vec_dot` builds each lane's u from the same bits
+/// and sums u·y (q5_0: (u − 16)·y, here Σu·y − 16·Σy, the same integer) exactly; the scale
+/// products, FMAs and final sums are q4_0's and q4_1's (see [`offset_rows`], [`q4_1_rows`]),
+/// so each result is bit-identical to `vec_dot`'s.
+#[inline(always)]
+unsafe fn q5_rows<const MIN: bool, const BLOCK: usize, const QH: usize>(
+    wp: [*const u8; 8],
+    xp: *const u8,
+    nb: usize,
+) -> [f32; 8] {
+    // (the quants, at QH + 4, through `quad` directly)
+    let src = Apart::<BLOCK, 0>(wp);
+    let xsize = if MIN { 36 } else { 34 };
+    let xqs = if MIN { 4 } else { 2 };
+    // SAFETY: nb blocks of `BLOCK` bytes behind every row and nb q8_0 (q8_1) blocks behind
+    // xp (caller); prefetches never fault.
+    unsafe {
+        let m4 = _mm512_set1_epi8(15);
+        let sixteen = _mm512_set1_epi8(16);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+        // (q5_1) lanes (2r, 2r+1) hold row r's running Σ m·s (odd lanes are the ones used)
+        let mut summs = _mm512_setzero_ps();
+        for i in 0..nb {
+            let xb = xp.add(i * xsize);
+            let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(xqs) as *const __m128i));
+            let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(xqs + 16) as *const __m128i));
+            // q5_0: −16·Σy per lane (exact: |Σ| ≤ 4·16·128)
+            let (nlo, nhi) = if MIN {
+                (zero, zero)
+            } else {
+                (
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, sixteen, ylo)),
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, sixteen, yhi)),
+                )
+            };
+            if i.is_multiple_of(2) {
+                src.prefetch(i);
+            }
+            let d16 = if MIN {
+                // [dx sx] of the activation block in every pair of lanes, [d0 m0 … d7 m7]
+                let xs = _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
+                let xs = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(xs)));
+                let dm = src.dm8(i);
+                summs = _mm512_fmadd_ps(dm, xs, summs); // fused, as GCC builds ggml's
+                _mm512_mul_ps(dm, xs)
+            } else {
+                // ggml's d = d_w·d_y per row
+                _mm512_castps256_ps512(_mm256_mul_ps(src.d8(i), _mm256_set1_ps(f16(xb))))
+            };
+            let wb = src.at(i);
+            for (h, a) in acc.iter_mut().enumerate() {
+                let z = quad(&wb, h, QH + 4);
+                let (klo, khi) = fifth_bits::<QH>(&wb, h);
+                let lo = _mm512_and_si512(z, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+                let lo = _mm512_mask_add_epi8(lo, klo, lo, sixteen);
+                let hi = _mm512_mask_add_epi8(hi, khi, hi, sixteen);
+                let d = if MIN {
+                    spread::<2, 0>(d16, h as i32)
+                } else {
+                    spread::<1, 0>(d16, h as i32)
+                };
+                let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nlo, lo, ylo));
+                let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nhi, hi, yhi));
+                a[0] = _mm512_fmadd_ps(d, plo, a[0]);
+                a[1] = _mm512_fmadd_ps(d, phi, a[1]);
+            }
+        }
+        let mut out = hsum8(&acc);
+        if MIN {
+            let mut s = [0f32; 16];
+            _mm512_storeu_ps(s.as_mut_ptr(), summs);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o += s[2 * r + 1];
             }
         }
         out
