@@ -43,15 +43,23 @@ fn has_int_kernel(t: DType) -> bool {
 const FAR_ROWS_MAX_COLS: usize = 7;
 
 /// Row `q` (of `len`) of run `j` of a chunk's rows from `start` cut into runs of `len` rows,
-/// for the multi-row mat-vec calls that take one row of each run: run j starts j rows into
-/// its own rows and wraps around once, so that the streams do not advance in lockstep at
-/// addresses a whole number of runs apart. (In lockstep, a 4096×4096 q5_0 matrix, whose
-/// runs are 512 rows of 2816 bytes apart, a multiple of 128 KiB, read at 10-12 GB/s on one
-/// thread of the Ice Lake Xeon against 15 GB/s at 4096×4104 or 4160×4096; skewed, 15.3-15.4;
-/// q4_0 23.2-23.4 -> 25.2, q5_1 16.5-17.1 -> 17.3-17.5, the same process alternated.)
-#[inline]
-fn far_row(start: usize, len: usize, q: usize, j: usize) -> usize {
-    start + j * len + (q + j) % len
+/// for the multi-row mat-vec calls that take one row of each run: run j starts `skew[j]`
+/// (j mod len, from [`run_skews`]) rows into its own rows and wraps around once, so that the
+/// streams do not advance in lockstep at addresses a whole number of runs apart. (In
+/// lockstep, a 4096×4096 q5_0 matrix, whose runs are 512 rows of 2816 bytes apart, a
+/// multiple of 128 KiB, read at 10-12 GB/s on one thread of the Ice Lake Xeon against 15 GB/s
+/// at 4096×4104 or 4160×4096; skewed, 15.3-15.4; q4_0 23.2-23.4 -> 25.2, q5_1 16.5-17.1 ->
+/// 17.3-17.5, the same process alternated.) No division per row: with `j % len` in the loop
+/// q2_K's 4096² mat-vec lost 3%.
+#[inline(always)]
+fn far_row(start: usize, len: usize, skew: &[usize], q: usize, j: usize) -> usize {
+    let r = q + skew[j];
+    start + j * len + if r >= len { r - len } else { r }
+}
+
+/// The skews of [`far_row`]'s `N` runs of `len` rows: j mod len.
+fn run_skews<const N: usize>(len: usize) -> [usize; N] {
+    std::array::from_fn(|j| j % len.max(1))
 }
 
 /// Rows per chunk handed out to the threads of the packed mat-mat paths.
@@ -518,8 +526,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     // two adjacent rows of each quarter, as the four-row calls below take
                     // them; in L3 0.93-0.99x, in L2 even)
                     let e = rows.len() / 8;
+                    let skew = run_skews::<8>(e);
                     for q in 0..e {
-                        let im: [usize; 8] = std::array::from_fn(|j| far_row(rows.start, e, q, j));
+                        let im: [usize; 8] =
+                            std::array::from_fn(|j| far_row(rows.start, e, &skew, q, j));
                         let v = vec_dot8(ctx.isa, a.dtype, im.map(row), qcol(0), k, pf_near);
                         for (&r, y) in im.iter().zip(v) {
                             *out(0, r) = y;
@@ -530,9 +540,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     }
                     continue;
                 }
+                let skew = run_skews::<4>(quarter);
                 for q in 0..quarter {
                     let im: [usize; 4] =
-                        std::array::from_fn(|j| far_row(rows.start, quarter, q, j));
+                        std::array::from_fn(|j| far_row(rows.start, quarter, &skew, q, j));
                     four_row_tiles(
                         ctx.isa,
                         a.dtype,
@@ -593,8 +604,9 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             // 0.91-0.96x (adjacent) and 1.05-1.12x (quarters) from memory, 1.34-1.45x this
             // way; q4_K 1.34-1.36x.
             let e = rows.len() / 8;
+            let skew = run_skews::<8>(e);
             for q in 0..e {
-                let im: [usize; 8] = std::array::from_fn(|j| far_row(rows.start, e, q, j));
+                let im: [usize; 8] = std::array::from_fn(|j| far_row(rows.start, e, &skew, q, j));
                 // SAFETY: as for `one_range` (rows im are inside `rows`).
                 unsafe {
                     let w: [&[u8]; 8] = im.map(|r| {
