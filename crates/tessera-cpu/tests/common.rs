@@ -184,3 +184,50 @@ pub fn check_quantized_product_edited(
         }
     }
 }
+
+/// One case of a mul_mat fixture written by ggml (`data/*_mm_ggml.bin`): weights of `t`
+/// (K × M), K·N f32 activations, M·N f32 results.
+pub struct QmmCase {
+    pub t: DType,
+    pub k: usize,
+    pub m: usize,
+    pub n: usize,
+    pub w: Vec<u8>,
+    pub b: Vec<f32>,
+    pub want: Vec<f32>,
+}
+
+/// The cases of a mul_mat fixture. Format: b"QMMFIX01", u32 count, then per case u32 type,
+/// K, M, N, the weights, K·N f32 of b, M·N f32 of y (all little-endian).
+pub fn qmm_fixture(f: &[u8]) -> Vec<QmmCase> {
+    assert_eq!(&f[..8], b"QMMFIX01");
+    let u32_at = |p: usize| u32::from_le_bytes(f[p..p + 4].try_into().unwrap()) as usize;
+    let f32s = |p: usize, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| f32::from_le_bytes(f[p + 4 * i..p + 4 * i + 4].try_into().unwrap()))
+            .collect()
+    };
+    let (count, mut p) = (u32_at(8), 12);
+    let mut cases = Vec::new();
+    for _ in 0..count {
+        let (id, k, m, n) = (u32_at(p), u32_at(p + 4), u32_at(p + 8), u32_at(p + 12));
+        p += 16;
+        let t = DType::from_id(id as u32).unwrap();
+        let wbytes = t.row_size(k).unwrap() * m;
+        let w = f[p..p + wbytes].to_vec();
+        let b = f32s(p + wbytes, k * n);
+        let want = f32s(p + wbytes + 4 * k * n, m * n);
+        p += wbytes + 4 * k * n + 4 * m * n;
+        cases.push(QmmCase {
+            t,
+            k,
+            m,
+            n,
+            w,
+            b,
+            want,
+        });
+    }
+    assert_eq!(p, f.len());
+    cases
+}

@@ -51,45 +51,29 @@ fn iq4_nl_rounds_as_ggml_for_one_and_for_many_columns() {
 /// `ggml_mul_mat` for 1, 2, 3, 5 and 8 columns, 8 and 9 and 33 blocks. One column is ggml's
 /// `vec_dot`, more are tinyBLAS; every element bit for bit on AVX2 (and AVX-512) and every
 /// thread count. (The scalar ISA computes ggml's generic code for iq4_nl, checked elsewhere.)
-/// Format: b"QMMFIX01", u32 count, then per case u32 type, K, M, N, the weights, K·N f32 of
-/// b, M·N f32 of y.
+/// Format: `common::qmm_fixture`.
 #[test]
 fn iq4_nl_equals_ggml_mul_mat() {
     use tessera::{Graph, Session};
     use tessera_cpu::Isa;
-    let f = include_bytes!("data/iq4nl_mm_ggml.bin");
-    assert_eq!(&f[..8], b"QMMFIX01");
-    let u32_at = |p: usize| u32::from_le_bytes(f[p..p + 4].try_into().unwrap()) as usize;
-    let f32s = |p: usize, n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|i| f32::from_le_bytes(f[p + 4 * i..p + 4 * i + 4].try_into().unwrap()))
-            .collect()
-    };
-    let (count, mut p) = (u32_at(8), 12);
+    let cases = qmm_fixture(include_bytes!("data/iq4nl_mm_ggml.bin"));
     let mut cols_seen = Vec::new();
     let mut checked = 0;
-    for _ in 0..count {
-        let (id, k, m, n) = (u32_at(p), u32_at(p + 4), u32_at(p + 8), u32_at(p + 12));
-        p += 16;
-        let t = DType::from_id(id as u32).unwrap();
+    for c in &cases {
+        let (t, k, m, n) = (c.t, c.k, c.m, c.n);
         assert_eq!(t, DType::IQ4NL);
-        let wbytes = t.row_size(k).unwrap() * m;
-        let w = &f[p..p + wbytes];
-        let b = f32s(p + wbytes, k * n);
-        let want = f32s(p + wbytes + 4 * k * n, m * n);
-        p += wbytes + 4 * k * n + 4 * m * n;
         let mut g = Graph::new();
         let ta = g.new_tensor(t, &[k, m]).unwrap();
         let tb = g.new_f32(&[k, n]).unwrap();
         let y = g.mul_mat(ta, tb).unwrap();
         let mut s = Session::new(g, &[y]).unwrap();
-        s.set_bytes(ta, w).unwrap();
-        s.set_f32(tb, &b).unwrap();
+        s.set_bytes(ta, &c.w).unwrap();
+        s.set_f32(tb, &c.b).unwrap();
         for cpu in cpu_configs().into_iter().filter(|c| c.isa() != Isa::Scalar) {
             s.compute(&cpu).unwrap();
             let got = s.get_f32(y).unwrap();
             checked += 1;
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (i, (g, w)) in got.iter().zip(&c.want).enumerate() {
                 assert_eq!(
                     g.to_bits(),
                     w.to_bits(),
@@ -101,7 +85,6 @@ fn iq4_nl_equals_ggml_mul_mat() {
         }
         cols_seen.push(n);
     }
-    assert_eq!(p, f.len());
     assert!(tessera_cpu::simd::isa() == Isa::Scalar || checked > 0);
     assert!(cols_seen.contains(&1) && cols_seen.contains(&2) && cols_seen.contains(&8));
 }

@@ -12,7 +12,17 @@
 //! ggml's `qs`, byte for byte). The size is the plain size: only the order of the bytes
 //! changes.
 //!
-//! A graph sets it on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
+//! [`RowLayout::Repacked8`] keeps the same bytes but asks for other arithmetic: that of ggml's
+//! CPU "repack" buffer (`CPU_REPACK`, llama.cpp's default on x86 for q4_0 and iq4_nl weights
+//! with a multiple of eight rows), so that a product's results equal llama.cpp's default
+//! rather than its `--no-repack` (ggml's plain rows, which every other layout reproduces).
+//! For each row and column it adds one block at a time, in block order: the block's exact
+//! integer dot product (32 weights × 32 q8_0 activations), converted to f32, times the product
+//! of the two blocks' f16 scales (exact in f32), by one fused multiply-add into an f32
+//! accumulator that starts at zero; the result is that accumulator, whatever the column count
+//! or thread count.
+//!
+//! A graph sets either on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
 //! refuses it unless every reader of the leaf is a `mul_mat` taking it as its first operand,
 //! so no other kernel ever sees the interleaved bytes. `Session::set_bytes`/`get_bytes`/
 //! `set_f32`/`get_f32` take and give ggml's rows; the reference backend reads it through
@@ -29,6 +39,15 @@ pub enum RowLayout {
     Plain,
     /// Groups of eight rows interleaved block by block (see the module's documentation).
     Interleaved8,
+    /// The bytes of [`RowLayout::Interleaved8`], multiplied with the arithmetic of ggml's CPU
+    /// repack buffer (see the module's documentation): q4_0 and iq4_nl only.
+    Repacked8,
+}
+
+/// Whether rows of `t` can take [`RowLayout::Repacked8`] (the types whose ggml repack kernels
+/// this crate reproduces).
+pub fn repack_numerics(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::IQ4NL)
 }
 
 /// Bytes at the start of each block of `t` that [`RowLayout::Interleaved8`] keeps together

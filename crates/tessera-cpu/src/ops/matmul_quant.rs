@@ -123,6 +123,12 @@ fn interleaved(a: &Tensor) -> bool {
     a.layout != RowLayout::Plain
 }
 
+/// Whether `a`'s rows ask for ggml's repack arithmetic (`RowLayout::Repacked8`): then every
+/// column takes the group loop with `qgemv_repack`'s kernels, whatever its count.
+fn repacked(a: &Tensor) -> bool {
+    a.layout == RowLayout::Repacked8
+}
+
 /// Up to this many columns per batch, interleaved q4_0/q4_1 weights take the eight-row group
 /// loop even where the plain rows would take `qgemm_0` (which gives them the same bits).
 /// Interleaved against plain, same process, medians of seven rounds: q4_1 576×1536 on two
@@ -158,8 +164,8 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
     let qrow = vdt.row_size(k).unwrap_or(0);
     let cols = b.ne[1] * b.ne[2] * b.ne[3];
     let qbytes = (qrow * cols).next_multiple_of(64);
-    let tiled = qgemm_k::applies(a.dtype, b.ne[1]);
-    let group0 = qgemm_0::applies(a.dtype, b.ne[1]);
+    let tiled = qgemm_k::applies(a.dtype, b.ne[1]) && !repacked(a);
+    let group0 = qgemm_0::applies(a.dtype, b.ne[1]) && !repacked(a);
     let groups = b.ne[1].div_ceil(qgemm_k::GROUP) * b.ne[2] * b.ne[3];
     // qgemm_k's AVX-512 layout takes pairs of groups (its size is not known before the ISA)
     let pairs = b.ne[1].div_ceil(2 * qgemm_k::GROUP) * b.ne[2] * b.ne[3];
@@ -237,7 +243,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
     // interleaved weights: the group loop (below), or the packed paths, reading the blocks in
     // place where they can (`qgemm_0::reads_interleaved`), else each chunk of rows
     // de-interleaved on the way into this thread's scratch
-    let use_groups = inter && group_loop(ctx.isa, a.dtype, n, tiled || group0, tiled);
+    let use_groups =
+        repacked(a) || (inter && group_loop(ctx.isa, a.dtype, n, tiled || group0, tiled));
     // SAFETY: this thread's scratch row lies inside the work buffer (size checked above) and is
     // used by this thread alone.
     let tmp = unsafe {
@@ -479,7 +486,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     for j in 0..n {
                         let x =
                             std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow);
-                        let v = vec_dot8_interleaved(ctx.isa, a.dtype, g, x, k, scratch);
+                        let v = if repacked(a) {
+                            super::qgemv_repack::vec_dot8(ctx.isa, a.dtype, g, x, k)
+                        } else {
+                            vec_dot8_interleaved(ctx.isa, a.dtype, g, x, k, scratch)
+                        };
                         for (i, y) in v.into_iter().enumerate() {
                             *(ctx.dst.add(d_off + j * d.nb[1] + (r0 + i) * 4) as *mut f32) = y;
                         }

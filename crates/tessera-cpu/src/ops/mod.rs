@@ -30,6 +30,7 @@ pub mod qgemm_k;
 pub mod qgemv_0;
 #[cfg(target_arch = "x86_64")]
 pub mod qgemv_avx2;
+pub mod qgemv_repack;
 pub mod reduce;
 pub mod rope;
 pub mod rows;
@@ -192,6 +193,17 @@ pub fn barriers(ctx: &NodeCtx) -> usize {
 /// Computes this thread's share of one node.
 pub fn compute(ctx: &NodeCtx) -> Result<()> {
     if !fast_path(ctx.graph, ctx.t) {
+        if let Some(a) = ctx.t.src.first().map(|&s| ctx.graph.tensor(s)) {
+            if a.layout == tessera::RowLayout::Repacked8 {
+                // the fallback's arithmetic is not ggml's repack arithmetic: say so, rather
+                // than give other bits than the layout promises
+                return Err(ctx.err(format!(
+                    "weights {} with ggml's repack arithmetic (RowLayout::Repacked8) take only \
+                     a contiguous f32 result of an f32 second operand",
+                    a.describe()
+                )));
+            }
+        }
         return fallback::compute(ctx);
     }
     match family(&ctx.t.op) {

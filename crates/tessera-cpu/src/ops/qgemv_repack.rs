@@ -1,0 +1,273 @@
+//! q4_0 and iq4_nl weights in `RowLayout::Repacked8` (`tessera::layout`): the arithmetic of
+//! ggml's CPU repack buffer (`CPU_REPACK`, llama.cpp's default on x86), so that a product's
+//! results equal llama.cpp's default rather than its plain rows (`--no-repack`).
+//!
+//! ggml's x86 repack kernels (`gemv_q4_b32_8x8_q8_0_lut_avx`, `gemm_q4_b32_8x8_q8_0_lut_avx`
+//! and their AVX-512 forms, for `block_q4_0x8` and `block_iq4_nlx8`) give each output (row,
+//! column) one f32 accumulator, starting at zero, and for each 32-element block in order add
+//! the block's exact integer dot product (the weights' values, n − 8 for q4_0 and the
+//! codebook's for iq4_nl, times the column's q8_0 integers), converted to f32, times the
+//! product of the two blocks' f16 scales, by one fused multiply-add. The product of two f16
+//! values is exact in f32, the conversion of the integer too (|Σ| ≤ 32·127·127 < 2²⁴), so
+//! the only roundings are the FMAs: the result depends on no lane layout, column count or
+//! thread count. The activations are ggml's x86 `quantize_row_q8_0` (as for the plain rows:
+//! `quantize_activations`; ggml's four-column `ggml_quantize_mat_q8_0_4x8` rounds the same).
+//!
+//! [`vec_dot_ref`] is that definition on a plain row; [`vec_dot8`] computes it for a group of
+//! eight interleaved rows: on AVX-512 VNNI four rows' blocks to a 512-bit vector (two
+//! `vpdpbusd` per half block, the eight integers gathered by two permutes and a narrowing),
+//! on AVX2 two rows to a 256-bit vector (`vpmaddubsw` of the activations' magnitudes and the
+//! weights with the activations' signs, exact for every q8_0 byte, then three `vphaddd`),
+//! elsewhere block by block in scalar code. Tests: `tests/qgemv_repack.rs` (ggml's own
+//! results, and the kernels against [`vec_dot_ref`]).
+
+use tessera::DType;
+use tessera_quants::f16_to_f32;
+
+use super::qdot::KVALUES_IQ4NL;
+use crate::simd::Isa;
+
+/// Bytes of one q4_0 / iq4_nl block: an f16 scale and 16 bytes of nibbles.
+const BLOCK: usize = 18;
+/// Bytes of one q8_0 block: an f16 scale and 32 signed bytes.
+const QBLOCK: usize = 34;
+
+/// The value of nibble `n` of a `t` weight.
+#[inline(always)]
+fn value(t: DType, n: u8) -> i32 {
+    if t == DType::IQ4NL {
+        KVALUES_IQ4NL[n as usize] as i32
+    } else {
+        n as i32 - 8
+    }
+}
+
+/// The exact integer dot product of one weight block's 16 nibble bytes with one q8_0 block's
+/// 32 integers (element j is the low nibble of byte j, element j + 16 its high nibble).
+#[inline(always)]
+fn block_isum(t: DType, qs: &[u8], y: &[u8]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += value(t, qs[j] & 0x0F) * (y[j] as i8) as i32;
+        s += value(t, qs[j] >> 4) * (y[j + 16] as i8) as i32;
+    }
+    s
+}
+
+/// One step of ggml's repack accumulation: `acc + isum · (dw · dx)`, one rounding.
+#[inline(always)]
+fn step(acc: f32, isum: i32, dw: u16, dx: u16) -> f32 {
+    (isum as f32).mul_add(f16_to_f32(dw) * f16_to_f32(dx), acc)
+}
+
+/// The reference: one plain weight row (`k / 32` blocks of `t`, q4_0 or iq4_nl) against one
+/// q8_0 activation row, with ggml's repack arithmetic (see the module's documentation).
+pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
+    assert!(
+        tessera::layout::repack_numerics(t),
+        "no repack arithmetic for {t}"
+    );
+    let mut acc = 0f32;
+    for (wb, xb) in w
+        .chunks_exact(BLOCK)
+        .zip(x.chunks_exact(QBLOCK))
+        .take(k / 32)
+    {
+        let isum = block_isum(t, &wb[2..], &xb[2..]);
+        let dw = u16::from_le_bytes([wb[0], wb[1]]);
+        let dx = u16::from_le_bytes([xb[0], xb[1]]);
+        acc = step(acc, isum, dw, dx);
+    }
+    acc
+}
+
+/// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
+/// `tessera::layout`'s order) against one q8_0 activation row, each as [`vec_dot_ref`] gives
+/// it for that row.
+pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    let nb = k / 32;
+    assert!(
+        tessera::layout::repack_numerics(t) && g.len() >= 8 * nb * BLOCK && x.len() >= nb * QBLOCK,
+        "repack vec_dot8: {t}, k={k}, a group of {} bytes, {} activation bytes",
+        g.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::qdot::avx2::uses_vnni(isa) {
+        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL, VNNI, AVX2, FMA and F16C;
+        // g holds nb blocks of eight rows and x nb activation blocks (asserted above).
+        return unsafe { avx512::vec_dot8(t == DType::IQ4NL, g.as_ptr(), x.as_ptr(), nb) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && super::qdot::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g and x as above.
+        return unsafe { avx2::vec_dot8(t == DType::IQ4NL, g.as_ptr(), x.as_ptr(), nb) };
+    }
+    let _ = isa;
+    let mut acc = [0f32; 8];
+    for (b, xb) in x.chunks_exact(QBLOCK).take(nb).enumerate() {
+        let blk = &g[b * 8 * BLOCK..(b + 1) * 8 * BLOCK];
+        let dx = u16::from_le_bytes([xb[0], xb[1]]);
+        for (r, a) in acc.iter_mut().enumerate() {
+            let dw = u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]);
+            let qs = &blk[16 + 16 * r..32 + 16 * r];
+            *a = step(*a, block_isum(t, qs, &xb[2..]), dw, dx);
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
+
+    /// [`super::vec_dot8`] on AVX-512 VNNI. Per block: the low nibbles of rows 0-3 (4-7) in
+    /// one vector, row r's 16 bytes in 128-bit lane r, the high nibbles in another; the
+    /// unsigned operand of `vpdpbusd` is the nibble (q4_0) or codebook value + 128 (iq4_nl),
+    /// so each lane starts from −8·Σy (−128·Σy) of its four activations; the four lanes of a
+    /// row are then summed exactly (two permutes, an add, a shift, an add, a narrowing) into
+    /// the row's block integer, converted, and fused-multiply-added with the scale product.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `g` points at `nb` blocks of
+    /// eight interleaved rows (`8 × 18` bytes each), `x` at `nb` q8_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn vec_dot8(iq4nl: bool, g: *const u8, x: *const u8, nb: usize) -> [f32; 8] {
+        let mask = _mm512_set1_epi8(0x0F);
+        let mut book = [0u8; 16];
+        for (o, &v) in book.iter_mut().zip(KVALUES_IQ4NL.iter()) {
+            *o = (v as i16 + 128) as u8;
+        }
+        // SAFETY: 16 readable bytes.
+        let book =
+            unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(book.as_ptr() as *const __m128i)) };
+        let bias = _mm512_set1_epi8(if iq4nl { -128 } else { 8 });
+        // even and odd dwords of (a, b): row r's four lanes to lanes 2r and 2r + 1 of the sum
+        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY: block b of the group and of x are readable (caller).
+            unsafe {
+                let blk = g.add(b * 8 * BLOCK);
+                let xb = x.add(b * QBLOCK);
+                let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
+                let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
+                let q0 = _mm512_loadu_si512(blk.add(16) as *const _);
+                let q1 = _mm512_loadu_si512(blk.add(80) as *const _);
+                let (mut l0, mut h0) = (
+                    _mm512_and_si512(q0, mask),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q0), mask),
+                );
+                let (mut l1, mut h1) = (
+                    _mm512_and_si512(q1, mask),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q1), mask),
+                );
+                if iq4nl {
+                    l0 = _mm512_shuffle_epi8(book, l0);
+                    h0 = _mm512_shuffle_epi8(book, h0);
+                    l1 = _mm512_shuffle_epi8(book, l1);
+                    h1 = _mm512_shuffle_epi8(book, h1);
+                }
+                // C·Σy per lane (C = 8, or 128 as the unsigned byte 0x80)
+                let zero = _mm512_setzero_si512();
+                let c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, bias, ylo), bias, yhi);
+                let s0 = _mm512_sub_epi32(
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, l0, ylo), h0, yhi),
+                    c,
+                );
+                let s1 = _mm512_sub_epi32(
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, l1, ylo), h1, yhi),
+                    c,
+                );
+                let p = _mm512_add_epi32(
+                    _mm512_permutex2var_epi32(s0, even, s1),
+                    _mm512_permutex2var_epi32(s0, odd, s1),
+                );
+                let p = _mm512_add_epi32(p, _mm512_srli_epi64::<32>(p));
+                let isum = _mm512_cvtepi64_epi32(p);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                let dx = _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
+            }
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: 32 writable bytes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
+
+    /// [`super::vec_dot8`] on AVX2. Per block: rows 2h and 2h + 1 in one vector (their 16
+    /// nibble bytes in the two 128-bit lanes), low and high nibbles split and mapped to their
+    /// signed values (n − 8, or the codebook); `vpmaddubsw` takes the activations' magnitudes
+    /// (unsigned, so −128 too) and the values with the activations' signs (|v| ≤ 127, so no
+    /// negation overflows), every pair sum at most 2·128·127 < 2¹⁵, exact; `vpmaddwd` by ones
+    /// to four i32 lanes per row, and three `vphaddd` to one integer per row, in the order
+    /// 0 2 4 6 | 1 3 5 7 (the scales are permuted to match and the accumulator back at the
+    /// end).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `g` points at `nb` blocks of eight interleaved rows
+    /// (`8 × 18` bytes each), `x` at `nb` q8_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn vec_dot8(iq4nl: bool, g: *const u8, x: *const u8, nb: usize) -> [f32; 8] {
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut book = [0i8; 16];
+        for (n, o) in book.iter_mut().enumerate() {
+            *o = if iq4nl { KVALUES_IQ4NL[n] } else { n as i8 - 8 };
+        }
+        // SAFETY: 16 readable bytes.
+        let book = unsafe {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(book.as_ptr() as *const __m128i))
+        };
+        let ones = _mm256_set1_epi16(1);
+        // lanes 0 2 4 6 | 1 3 5 7 of the reduction, and back
+        let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        let back = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY: block b of the group and of x are readable (caller).
+            unsafe {
+                let blk = g.add(b * 8 * BLOCK);
+                let xb = x.add(b * QBLOCK);
+                let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(2) as *const __m128i));
+                let yhi =
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(18) as *const __m128i));
+                let (alo, ahi) = (_mm256_abs_epi8(ylo), _mm256_abs_epi8(yhi));
+                let pair = |h: usize| {
+                    let q = _mm256_loadu_si256(blk.add(16 + 32 * h) as *const __m256i);
+                    let lo = _mm256_shuffle_epi8(book, _mm256_and_si256(q, mask));
+                    let hi = _mm256_shuffle_epi8(
+                        book,
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+                    );
+                    let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(lo, ylo));
+                    let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(hi, yhi));
+                    _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones))
+                };
+                let (s01, s23, s45, s67) = (pair(0), pair(1), pair(2), pair(3));
+                let isum =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(s01, s23), _mm256_hadd_epi32(s45, s67));
+                let dw = _mm256_permutevar8x32_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i)),
+                    order,
+                );
+                let dx = _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
+            }
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: 32 writable bytes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_permutevar8x32_ps(acc, back)) };
+        out
+    }
+}

@@ -1,0 +1,225 @@
+//! q4_0 and iq4_nl weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
+//! `ops::qgemv_repack`): mul_mat against ggml's own results from its CPU repack buffer, the
+//! kernels against the scalar definition, and the errors for what the layout does not take.
+
+mod common;
+
+use common::*;
+use tessera::{DType, Graph, RowLayout, Session};
+use tessera_cpu::ops::matmul_quant::quantize_activations;
+use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot_ref};
+use tessera_cpu::simd::Isa;
+
+/// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
+/// linked against llama.cpp's `libggml-cpu` as vendored by llama-cpp-python 0.3.36 (gcc 12,
+/// native build on an AVX-512 VNNI Ice Lake core): weights quantized by
+/// `ggml_quantize_chunk`, put in the `CPU_REPACK` buffer type (ggml reported `q4_0_8x8` and
+/// `iq4_nl_8x8` repacking), f32 activations, the results of `ggml_mul_mat` computed by
+/// `ggml_backend_graph_compute` (1 and 2 threads gave the same bytes; against the plain
+/// buffer 1 of 8 to 167 of 256 results of each case differ). Format: `common::qmm_fixture`.
+fn fixture() -> Vec<QmmCase> {
+    qmm_fixture(include_bytes!("data/q4_repack_mm_ggml.bin"))
+}
+
+fn mul_mat(c: &QmmCase, layout: RowLayout) -> (Session, tessera::TensorId) {
+    let mut g = Graph::new();
+    let a = g.new_tensor(c.t, &[c.k, c.m]).unwrap();
+    let b = g.new_f32(&[c.k, c.n]).unwrap();
+    g.set_layout(a, layout).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_bytes(a, &c.w).unwrap();
+    s.set_f32(b, &c.b).unwrap();
+    (s, y)
+}
+
+/// Every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar one
+/// too) and thread count, for one to nine columns; the plain layout differs from it (so the
+/// fixture tells the two arithmetics apart).
+#[test]
+fn repacked_rows_equal_ggml_repack_mul_mat() {
+    let cases = fixture();
+    let mut seen = (false, false);
+    for c in &cases {
+        seen.0 |= c.t == DType::Q4_0;
+        seen.1 |= c.t == DType::IQ4NL;
+        let (mut s, y) = mul_mat(c, RowLayout::Repacked8);
+        for cpu in cpu_configs() {
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(y).unwrap();
+            for (i, (g, w)) in got.iter().zip(&c.want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{} k={} m={} n={}: element {i} is {g}, ggml's repack gives {w} on {:?}/{}t",
+                    c.t,
+                    c.k,
+                    c.m,
+                    c.n,
+                    cpu.isa(),
+                    cpu.n_threads()
+                );
+            }
+        }
+    }
+    assert!(seen.0 && seen.1 && cases.len() >= 10);
+    let mut differ = 0;
+    let mut total = 0;
+    for c in &cases {
+        let (mut s, y) = mul_mat(c, RowLayout::Plain);
+        s.compute(&tessera_cpu::CpuBackend::new(1)).unwrap();
+        let got = s.get_f32(y).unwrap();
+        differ += got
+            .iter()
+            .zip(&c.want)
+            .filter(|(g, w)| g.to_bits() != w.to_bits())
+            .count();
+        total += got.len();
+    }
+    assert!(
+        differ * 3 > total,
+        "only {differ} of {total} plain results differ"
+    );
+}
+
+/// Random rows and adversarial ones (extreme and special f16 scales, codes at both ends):
+/// each ISA's eight-row kernel gives, row by row, what the scalar definition gives.
+#[test]
+fn kernels_equal_the_definition() {
+    let mut rng = Rng::new(0x5eed_4a11);
+    let mut isas = vec![Isa::Scalar];
+    let best = tessera_cpu::simd::isa();
+    if best != Isa::Scalar {
+        isas.push(best);
+    }
+    if best > Isa::Avx2 && best != Isa::Neon {
+        // the AVX2 kernel on a CPU that prefers another
+        isas.push(Isa::Avx2);
+    }
+    let scales = [
+        0x7bff, // 65504
+        0xfbff, // -65504
+        0x0001, // smallest subnormal
+        0x8400, // -2^-14
+        0x0000, 0x3c00, 0x7c00, // inf
+        0x7e00, // nan
+    ];
+    let mut checked = 0;
+    for case in 0..60 {
+        let t = if case % 2 == 0 {
+            DType::Q4_0
+        } else {
+            DType::IQ4NL
+        };
+        let k = 32 * (1 + rng.below(40));
+        let row = t.row_size(k).unwrap();
+        let mut plain = vec![0u8; 8 * row];
+        for r in 0..8 {
+            let v: Vec<f32> = (0..k).map(|_| rng.uniform(-2.0, 2.0)).collect();
+            tessera_quants::quantize_row(t.id(), &v, &mut plain[r * row..(r + 1) * row], None)
+                .unwrap();
+        }
+        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        if case >= 30 {
+            // adversarial: all codes 0 or 15, activations ±127, extreme scales
+            for (i, b) in plain.iter_mut().enumerate() {
+                if i % 18 >= 2 {
+                    *b = [0x00, 0xff, 0x0f, 0xf0][rng.below(4)];
+                }
+            }
+            for (i, b) in x.iter_mut().enumerate() {
+                if i % 34 >= 2 {
+                    *b = if rng.below(2) == 0 {
+                        127
+                    } else {
+                        (-127i8) as u8
+                    };
+                }
+            }
+            let finite = case < 45;
+            for blk in plain.chunks_exact_mut(18).chain(x.chunks_exact_mut(34)) {
+                if rng.below(3) == 0 {
+                    let h: u16 = scales[rng.below(if finite { 6 } else { 8 })];
+                    blk[..2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+        let mut g = vec![0u8; plain.len()];
+        tessera::layout::interleave8(t, row, &plain, &mut g).unwrap();
+        for &isa in &isas {
+            let got = vec_dot8(isa, t, &g, &x, k);
+            for r in 0..8 {
+                let want = vec_dot_ref(t, &plain[r * row..(r + 1) * row], &x, k);
+                assert!(
+                    got[r].to_bits() == want.to_bits() || (got[r].is_nan() && want.is_nan()),
+                    "{t} k={k} case {case} row {r} on {isa:?}: {} vs the definition's {want}",
+                    got[r]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 480 * isas.len());
+}
+
+/// The definition against an f64 dot product of the dequantized values: the arithmetic is a
+/// sum, within an f32 rounding per block.
+#[test]
+fn the_definition_is_a_dot_product() {
+    let mut rng = Rng::new(77);
+    for t in [DType::Q4_0, DType::IQ4NL] {
+        let k = 256;
+        let wv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let mut w = vec![0u8; t.row_size(k).unwrap()];
+        tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
+        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let (mut wd, mut xd) = (vec![0f32; k], vec![0f32; k]);
+        tessera_quants::dequantize_row(t.id(), &w, &mut wd).unwrap();
+        tessera_quants::dequantize_row(DType::Q8_0.id(), &x, &mut xd).unwrap();
+        let exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let got = vec_dot_ref(t, &w, &x, k) as f64;
+        assert!(
+            (got - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+            "{t}: {got} vs {exact}"
+        );
+    }
+}
+
+/// What the layout does not take is an error naming the tensor and the reason: q4_1 rows
+/// (interleavable, but ggml's repack arithmetic is reproduced for q4_0 and iq4_nl only), a
+/// row count that is not whole groups of eight, and a product the kernels do not cover
+/// (an f16 second operand), which would otherwise run the fallback's other arithmetic.
+#[test]
+fn what_the_layout_does_not_take_is_an_error() {
+    let mut g = Graph::new();
+    let a = g.new_tensor(DType::Q4_1, &[64, 8]).unwrap();
+    let e = g
+        .set_layout(a, RowLayout::Repacked8)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("q4_1") && e.contains("repack"), "{e}");
+    let a = g.new_tensor(DType::Q4_0, &[64, 12]).unwrap();
+    let e = g
+        .set_layout(a, RowLayout::Repacked8)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("12 rows"), "{e}");
+
+    let mut g = Graph::new();
+    let a = g.new_tensor(DType::Q4_0, &[64, 8]).unwrap();
+    let b = g.new_tensor(DType::F16, &[64, 2]).unwrap();
+    g.set_layout(a, RowLayout::Repacked8).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let mut s = Session::new(g, &[y]).unwrap();
+    s.set_bytes(a, &vec![0x11u8; 8 * 36]).unwrap();
+    s.set_f32(b, &[0.5; 128]).unwrap();
+    let e = s
+        .compute(&tessera_cpu::CpuBackend::new(1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Repacked8") && e.contains("q4_0"), "{e}");
+}
