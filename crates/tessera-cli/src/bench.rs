@@ -25,6 +25,9 @@ pub struct Opts {
     /// The quant section's weights with interleaved rows where the type and this CPU have
     /// them (`tessera_cpu::interleaved_kernel`).
     pub interleave: bool,
+    /// The quant section's q4_0 and iq4_nl weights with ggml's repack arithmetic
+    /// (`tessera::RowLayout::Repacked8`).
+    pub repack: bool,
     /// The bandwidth section's matrix and buffer size in MiB ([`bandwidth_bytes`] when `None`).
     pub matrix_mib: Option<usize>,
 }
@@ -309,6 +312,19 @@ fn bench_layer(cpu: &CpuBackend, reps: usize, t: usize) -> (f64, usize, usize) {
     (time(reps, || s.compute(cpu).unwrap()), allocs, slow)
 }
 
+/// The layout of the quant section's `t` weights of `m` rows that `o` asks for.
+fn quant_layout(o: &Opts, t: DType, m: usize) -> tessera::RowLayout {
+    if !m.is_multiple_of(8) {
+        tessera::RowLayout::Plain
+    } else if o.repack && tessera::layout::repack_numerics(t) {
+        tessera::RowLayout::Repacked8
+    } else if o.interleave && tessera_cpu::interleaved_kernel(t) {
+        tessera::RowLayout::Interleaved8
+    } else {
+        tessera::RowLayout::Plain
+    }
+}
+
 /// GB/s of weights streamed and GFLOP/s of a quantized mul_mat [K×M]·[K×N].
 fn bench_quant(
     cpu: &CpuBackend,
@@ -317,13 +333,11 @@ fn bench_quant(
     k: usize,
     m: usize,
     n: usize,
-    interleave: bool,
+    layout: tessera::RowLayout,
 ) -> (f64, f64) {
     let mut g = Graph::new();
     let a = g.new_tensor(t, &[k, m]).unwrap();
-    if interleave && tessera_cpu::interleaved_kernel(t) && m.is_multiple_of(8) {
-        g.set_layout(a, tessera::RowLayout::Interleaved8).unwrap();
-    }
+    g.set_layout(a, layout).unwrap();
     let b = g.new_f32(&[k, n]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     let mut s = Session::new(g, &[y]).unwrap();
@@ -484,10 +498,11 @@ fn section_quant(o: &Opts) {
     println!();
     println!(
         "quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens){}",
-        if o.interleave {
-            "; rows interleaved by eight where the type and this CPU have it"
-        } else {
-            ""
+        match (o.repack, o.interleave) {
+            (true, true) => "; q4_0 and iq4_nl with ggml's repack arithmetic, other rows interleaved by eight where the type and this CPU have it",
+            (true, false) => "; q4_0 and iq4_nl with ggml's repack arithmetic",
+            (false, true) => "; rows interleaved by eight where the type and this CPU have it",
+            (false, false) => "",
         }
     );
     println!("| type | shape K×M | threads | mat-vec GB/s | mat-vec GFLOP/s | mat-mat GFLOP/s |");
@@ -513,8 +528,8 @@ fn section_quant(o: &Opts) {
             }
             for &th in &o.threads {
                 let cpu = CpuBackend::new(th);
-                let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1, o.interleave);
-                let (_, gf512) = bench_quant(&cpu, o.reps, t, k, m, 512, o.interleave);
+                let (gbs, gf1) = bench_quant(&cpu, o.reps, t, k, m, 1, quant_layout(o, t, m));
+                let (_, gf512) = bench_quant(&cpu, o.reps, t, k, m, 512, quant_layout(o, t, m));
                 println!("| {t} | {k}×{m} | {th} | {gbs:.1} | {gf1:.1} | {gf512:.1} |");
             }
         }

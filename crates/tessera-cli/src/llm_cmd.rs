@@ -49,6 +49,12 @@ pub struct ModelArgs {
     /// decoding no faster; see the README).
     #[arg(long = "interleave")]
     pub interleave: bool,
+    /// Compute q4_0 and iq4_nl weights with the arithmetic of ggml's CPU repack buffer, which
+    /// llama.cpp uses by default on x86: results then equal llama.cpp's default, bit for bit,
+    /// where without it they equal llama.cpp with --no-repack (ggml's plain rows). Copies
+    /// those weights once into interleaved rows, on any CPU.
+    #[arg(long = "repack", conflicts_with = "no_interleave")]
+    pub repack: bool,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -109,11 +115,18 @@ pub fn load(args: &ModelArgs) -> Result<(Arc<Model>, ContextParams), String> {
         let adapter = tessera_llm::lora::Adapter::load(lp, &model).map_err(err)?;
         model = model.with_lora(Arc::new(adapter), args.lora_scale);
     }
+    // (weights that take the repack arithmetic are not interleaved a second time)
+    let repacked = |t: DType| args.repack && tessera::layout::repack_numerics(t);
+    if args.repack {
+        model = model.with_repacked_rows().map_err(err)?;
+    }
     if args.interleave {
-        model = model.with_interleaved_rows().map_err(err)?;
+        model = model
+            .with_interleaved_rows_where(|t| !repacked(t) && tessera_cpu::interleaved_kernel(t))
+            .map_err(err)?;
     } else if !args.no_interleave {
         model = model
-            .with_interleaved_rows_where(tessera_cpu::interleave_by_default)
+            .with_interleaved_rows_where(|t| !repacked(t) && tessera_cpu::interleave_by_default(t))
             .map_err(err)?;
     }
     let model = Arc::new(model);

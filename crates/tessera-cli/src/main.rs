@@ -131,6 +131,11 @@ enum Cmd {
         /// --interleave` lays out a model's weights (and `tessera run` does by default on AMD).
         #[arg(long)]
         interleave: bool,
+        /// The quant section's q4_0 and iq4_nl weights with the arithmetic of ggml's CPU
+        /// repack buffer (`tessera::RowLayout::Repacked8`), as `tessera run --repack` computes
+        /// them (other types as without it, or as --interleave says).
+        #[arg(long)]
+        repack: bool,
         /// The bandwidth section's matrix and read buffer, in MiB (default: 256, or four times
         /// the L3 this CPU reports where that is larger, so that both stream from memory; at
         /// most a quarter of the available memory).
@@ -224,6 +229,7 @@ fn main() -> ExitCode {
             types,
             shapes,
             interleave,
+            repack,
             matrix_mib,
         } => {
             if let Some(bad) = only.iter().find(|s| !bench::SECTIONS.contains(&s.as_str())) {
@@ -273,6 +279,7 @@ fn main() -> ExitCode {
                 types: qtypes,
                 shapes: qshapes,
                 interleave,
+                repack,
                 matrix_mib: matrix_mib.map(|m| m as usize),
             });
             ExitCode::SUCCESS

@@ -1,6 +1,6 @@
 //! End-to-end tests of the `tessera` binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tessera::DType;
@@ -117,20 +117,23 @@ fn unreadable_input_exits_2_with_a_message() {
 
 #[test]
 fn interleave_and_no_interleave_conflict() {
-    // asking for both layouts is a usage error before any model is looked for
-    let (code, _, err) = tessera(&[
-        "run",
-        "-m",
-        "/nonexistent/model.gguf",
-        "--interleave",
-        "--no-interleave",
-    ]);
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("--interleave") && err.contains("--no-interleave"),
-        "{err}"
-    );
-    assert!(!err.contains("/nonexistent/model.gguf"), "{err}");
+    // asking for both layouts (or for the repack arithmetic, which copies weights too, and
+    // for every weight mapped) is a usage error before any model is looked for
+    for flag in ["--interleave", "--repack"] {
+        let (code, _, err) = tessera(&[
+            "run",
+            "-m",
+            "/nonexistent/model.gguf",
+            flag,
+            "--no-interleave",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(flag) && err.contains("--no-interleave"),
+            "{err}"
+        );
+        assert!(!err.contains("/nonexistent/model.gguf"), "{err}");
+    }
     // one of them alone gets as far as the model file
     let (code, _, err) = tessera(&["run", "-m", "/nonexistent/model.gguf", "--interleave"]);
     assert_ne!(code, 0);
@@ -227,4 +230,125 @@ fn bench_ops_rejects_bad_filters_and_runs_one_quant_cell() {
             "{out}"
         );
     }
+}
+
+/// `tessera run --repack` against llama.cpp end to end: the default model requantized to q4_0
+/// and to iq4_nl by `tessera quantize`, then greedy decoding with ggml's plain-row arithmetic
+/// (the default) and with its CPU repack arithmetic (`--repack`), each against llama.cpp's own
+/// tokens for the same file, without and with its repack buffer.
+/// FNV-1a over the file's little-endian 64-bit words (the last one zero-padded), then its
+/// length: a fingerprint that says the file is the one llama.cpp was given.
+fn fingerprint(path: &Path) -> u64 {
+    let b = std::fs::read(path).unwrap();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in b.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..w.len()].copy_from_slice(w);
+        h = (h ^ u64::from_le_bytes(word)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h ^ b.len() as u64).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
+/// The 25 greedy tokens after "Once upon a time" (no BOS, as the model's metadata says) from
+/// llama.cpp 0.3.36 (llama-cpp-python's vendor copy, built for AVX2 without AVX-512 and AMX:
+/// what a native build gives on an x86 CPU without AVX-512; flash attention on, f16 KV cache,
+/// 2 threads) on the q4_0 and iq4_nl files this test writes: with its default CPU_REPACK
+/// buffer, and with `use_extra_bufts = false` (`--no-repack`). The two arithmetics part at
+/// token 6 (q4_0) and 13 (iq4_nl); every logit of 33 steps was also bit-identical to tessera's
+/// at 1 and 2 threads, with a 4- and a 45-token prompt (README, "Which of ggml's numerics").
+struct Expected {
+    ftype: &'static str,
+    fingerprint: u64,
+    repack: [u32; 25],
+    no_repack: [u32; 25],
+}
+
+const EXPECTED: [Expected; 2] = [
+    Expected {
+        ftype: "q4_0",
+        fingerprint: FP_Q4_0,
+        repack: [
+            28, 339, 436, 253, 3241, 282, 253, 9835, 259, 30, 339, 436, 1811, 4016, 28, 284, 339,
+            436, 4016, 4016, 4016, 4016, 4016, 4016, 4016,
+        ],
+        no_repack: [
+            28, 339, 436, 253, 3241, 93, 3343, 1007, 30, 339, 436, 253, 3241, 93, 3343, 1007, 975,
+            339, 436, 253, 3241, 93, 3343, 1007, 975,
+        ],
+    },
+    Expected {
+        ftype: "iq4_nl",
+        fingerprint: FP_IQ4_NL,
+        repack: [
+            28, 260, 3102, 282, 11702, 5463, 436, 32562, 411, 253, 11965, 4262, 30, 378, 3102,
+            7567, 661, 761, 719, 31507, 351, 253, 1611, 338, 856,
+        ],
+        no_repack: [
+            28, 260, 3102, 282, 11702, 5463, 436, 32562, 411, 253, 11965, 4262, 338, 761, 719,
+            5631, 327, 800, 929, 30, 378, 3102, 7567, 661, 761,
+        ],
+    },
+];
+
+const FP_Q4_0: u64 = 0x233f_c7a8_149a_5d46;
+const FP_IQ4_NL: u64 = 0xad8f_d9d9_2ae1_00e4;
+
+#[test]
+fn repack_gives_llama_cpps_default_tokens_and_plain_rows_its_no_repack_ones() {
+    let Some(model) = tessera_llm::fetch::model_for_tests() else {
+        return;
+    };
+    let dir: PathBuf = std::env::temp_dir().join(format!("tessera-repack-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in &EXPECTED {
+        let q = dir.join(format!("smollm2-{}.gguf", e.ftype));
+        let (code, _, err) = tessera(&[
+            "quantize",
+            model.to_str().unwrap(),
+            q.to_str().unwrap(),
+            e.ftype,
+            "--allow-requantize",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            fingerprint(&q),
+            e.fingerprint,
+            "{}: not the file llama.cpp's tokens were taken from",
+            e.ftype
+        );
+        for (flag, want) in [("--repack", &e.repack), ("--no-interleave", &e.no_repack)] {
+            for threads in ["1", "2"] {
+                let (code, _, err) = tessera(&[
+                    "run",
+                    "-m",
+                    q.to_str().unwrap(),
+                    flag,
+                    "-t",
+                    threads,
+                    "--temp",
+                    "0",
+                    "-n",
+                    "25",
+                    "--ids",
+                    "-p",
+                    "Once upon a time",
+                ]);
+                assert_eq!(code, 0, "{err}");
+                let got: Vec<u32> = err
+                    .lines()
+                    .last()
+                    .unwrap()
+                    .split_whitespace()
+                    .map(|t| t.parse().unwrap())
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "{} {flag}, {threads} threads: not llama.cpp's tokens",
+                    e.ftype
+                );
+            }
+        }
+        std::fs::remove_file(&q).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

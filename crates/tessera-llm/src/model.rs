@@ -108,6 +108,9 @@ pub struct Model {
     /// Plain copies of the 1-D tensors (norms, biases) lying among the interleaved ones, so
     /// that the mapped pages of those can leave the resident set for good.
     small: HashMap<String, ExternalBytes>,
+    /// Whether interleaved q4_0 and iq4_nl weights take ggml's repack arithmetic
+    /// ([`Model::with_repacked_rows`]).
+    repacked: bool,
 }
 
 fn get_u(f: &GgufFile, key: &str) -> Result<usize> {
@@ -224,6 +227,7 @@ impl Model {
             bytes,
             interleaved: HashMap::new(),
             small: HashMap::new(),
+            repacked: false,
         };
         m.check_tensors()?;
         Ok(m)
@@ -249,6 +253,19 @@ impl Model {
     /// its weights mapped (the backward of `mul_mat` reads them in other ways).
     pub fn with_interleaved_rows(self) -> Result<Model> {
         self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
+    }
+
+    /// Copies the q4_0 and iq4_nl weights that llama.cpp's CPU backend repacks on x86 (2-D
+    /// matrices of whole groups of eight rows read by `mul_mat`; not the embedding table, nor
+    /// the output matrix when it is that table) into interleaved rows, on any CPU, and has
+    /// their products computed with the arithmetic of ggml's repack kernels
+    /// (`tessera::RowLayout::Repacked8`): the results of llama.cpp's default on x86 rather
+    /// than of its `--no-repack`, which is what the plain rows give. Other weights are as
+    /// before (interleaved q4_1 too, if chosen).
+    pub fn with_repacked_rows(self) -> Result<Model> {
+        let mut m = self.with_interleaved_rows_where(tessera::layout::repack_numerics)?;
+        m.repacked = true;
+        Ok(m)
     }
 
     /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1
@@ -301,8 +318,12 @@ impl Model {
 
     /// How a graph should lay out weight `name` read by `mul_mat` alone.
     pub fn layout_for_mul_mat(&self, name: &str) -> RowLayout {
-        if self.interleaved.contains_key(name) {
-            RowLayout::Interleaved8
+        if let Some(t) = self.interleaved.get(name).and(self.file.tensor(name)) {
+            if self.repacked && tessera::layout::repack_numerics(t.dtype) {
+                RowLayout::Repacked8
+            } else {
+                RowLayout::Interleaved8
+            }
         } else {
             RowLayout::Plain
         }
