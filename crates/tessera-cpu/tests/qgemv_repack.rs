@@ -12,7 +12,8 @@ use tessera_cpu::simd::Isa;
 
 /// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
 /// linked against llama.cpp's `libggml-cpu` as vendored by llama-cpp-python 0.3.36 (gcc 12,
-/// native build on an AVX-512 VNNI Ice Lake core): weights quantized by
+/// a native build on a Xeon with AVX-512 VNNI and AMX; a build for AVX2 alone, without
+/// AVX-512, wrote the same bytes): weights quantized by
 /// `ggml_quantize_chunk`, put in the `CPU_REPACK` buffer type (ggml reported `q4_0_8x8` and
 /// `iq4_nl_8x8` repacking), f32 activations, the results of `ggml_mul_mat` computed by
 /// `ggml_backend_graph_compute` (1 and 2 threads gave the same bytes; against the plain
