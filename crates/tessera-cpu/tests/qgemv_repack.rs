@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use tessera::{DType, Graph, RowLayout, Session};
 use tessera_cpu::ops::matmul_quant::quantize_activations;
-use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot_ref};
+use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot8x4, vec_dot_ref};
 use tessera_cpu::simd::Isa;
 
 /// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
@@ -149,7 +149,30 @@ fn kernels_equal_the_definition() {
         }
         let mut g = vec![0u8; plain.len()];
         tessera::layout::interleave8(t, row, &plain, &mut g).unwrap();
+        // three more columns for the four-column kernel: x's blocks in another order
+        let nb = k / 32;
+        let others: Vec<Vec<u8>> = (1..4)
+            .map(|c| {
+                (0..nb)
+                    .flat_map(|b| x[(b * c + c) % nb * 34..][..34].to_vec())
+                    .collect()
+            })
+            .collect();
         for &isa in &isas {
+            let four = vec_dot8x4(isa, t, &g, [&x, &others[0], &others[1], &others[2]], k);
+            for (c, xc) in [&x, &others[0], &others[1], &others[2]].iter().enumerate() {
+                let want = vec_dot8(Isa::Scalar, t, &g, xc, k);
+                for r in 0..8 {
+                    assert!(
+                        four[c][r].to_bits() == want[r].to_bits()
+                            || (four[c][r].is_nan() && want[r].is_nan()),
+                        "{t} k={k} case {case} column {c} row {r} on {isa:?}: four columns \
+                         give {}, one {}",
+                        four[c][r],
+                        want[r]
+                    );
+                }
+            }
             let got = vec_dot8(isa, t, &g, &x, k);
             for r in 0..8 {
                 let want = vec_dot_ref(t, &plain[r * row..(r + 1) * row], &x, k);

@@ -483,9 +483,28 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         ctx.src[0].add(a_off + r0 * a.nb[1]),
                         8 * row_bytes,
                     );
-                    for j in 0..n {
-                        let x =
-                            std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow);
+                    let qcol = |j: usize| {
+                        std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
+                    };
+                    // ggml's repack arithmetic: four columns a call where a kernel takes them
+                    let quads =
+                        if repacked(a) && super::qgemv_repack::has_four_column_kernel(ctx.isa) {
+                            n / 4
+                        } else {
+                            0
+                        };
+                    for j4 in 0..quads {
+                        let xs: [&[u8]; 4] = std::array::from_fn(|c| qcol(4 * j4 + c));
+                        let v = super::qgemv_repack::vec_dot8x4(ctx.isa, a.dtype, g, xs, k);
+                        for (c, col) in v.iter().enumerate() {
+                            for (i, &y) in col.iter().enumerate() {
+                                *(ctx.dst.add(d_off + (4 * j4 + c) * d.nb[1] + (r0 + i) * 4)
+                                    as *mut f32) = y;
+                            }
+                        }
+                    }
+                    for j in 4 * quads..n {
+                        let x = qcol(j);
                         let v = if repacked(a) {
                             super::qgemv_repack::vec_dot8(ctx.isa, a.dtype, g, x, k)
                         } else {
