@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 target=aarch64-unknown-linux-gnu
 if [ "$(uname -m)" = aarch64 ]; then
-  exec cargo test -p tessera-cpu --lib --test neon --test qdot --test matmul_quant
+  exec cargo test -p tessera-cpu --lib --test neon --test qdot --test matmul_quant --test qgemv_repack
 fi
 
 need=()
@@ -36,5 +36,5 @@ for cpu in max:1 cortex-a53:0; do
   echo "== aarch64 tests under qemu-aarch64 -cpu ${cpu%:*}" >&2
   TESSERA_EXPECT_DOTPROD=${cpu#*:} \
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu ${cpu%:*} -L $sysroot" \
-    cargo test -p tessera-cpu --target "$target" --lib --test neon --test qdot --test matmul_quant
+    cargo test -p tessera-cpu --target "$target" --lib --test neon --test qdot --test matmul_quant --test qgemv_repack
 done

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 [ "$(uname -m)" = x86_64 ] || { echo "test-avx512: x86_64 only" >&2; exit 2; }
 
-tests=(--lib --test qdot --test qdot_fp --test qdot_tiles --test qgemm_0 --test qgemm_k)
+tests=(--lib --test qdot --test qdot_fp --test qdot_tiles --test qgemm_0 --test qgemm_k --test qgemv_repack)
 # (the build's messages are printed once it is done: `tee /dev/stderr` would reopen, and so
 # truncate, a log file that stderr is redirected to)
 build=$(cargo test -p tessera-cpu --no-run "${tests[@]}" 2>&1) || { echo "$build" >&2; exit 1; }
@@ -38,4 +38,5 @@ run "$(bin qdot_tiles)"
 run "$(bin qdot_fp)" four_row_kernel_of_mxfp4
 run "$(bin qgemm_0)" every_element q8_0_extreme_codes strided_columns iq4_nl_equals_ggml
 run "$(bin qgemm_k)" equals_ggml_bit_for_bit
+run "$(bin qgemv_repack)" repacked_rows_equal_ggml kernels_equal
 echo "test-avx512: every AVX-512 VNNI run passed" >&2

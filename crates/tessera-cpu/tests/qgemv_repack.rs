@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use tessera::{DType, Graph, RowLayout, Session};
 use tessera_cpu::ops::matmul_quant::quantize_activations;
-use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot8x4, vec_dot_ref};
+use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot8_groups4, vec_dot8x4, vec_dot_ref};
 use tessera_cpu::simd::Isa;
 
 /// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
@@ -20,6 +20,29 @@ use tessera_cpu::simd::Isa;
 /// buffer 1 of 8 to 167 of 256 results of each case differ). Format: `common::qmm_fixture`.
 fn fixture() -> Vec<QmmCase> {
     qmm_fixture(include_bytes!("data/q4_repack_mm_ggml.bin"))
+}
+
+/// Runs `c` with repacked rows on every CPU configuration and asserts every result's bits
+/// are `c.want`'s (`whose`: where those come from, for the message).
+fn assert_every_config_gives(c: &QmmCase, whose: &str) {
+    let (mut s, y) = mul_mat(c, RowLayout::Repacked8);
+    for cpu in cpu_configs() {
+        s.compute(&cpu).unwrap();
+        let got = s.get_f32(y).unwrap();
+        for (i, (g, w)) in got.iter().zip(&c.want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{} k={} m={} n={}: element {i} is {g}, {whose} {w}, on {:?}/{}t",
+                c.t,
+                c.k,
+                c.m,
+                c.n,
+                cpu.isa(),
+                cpu.n_threads()
+            );
+        }
+    }
 }
 
 fn mul_mat(c: &QmmCase, layout: RowLayout) -> (Session, tessera::TensorId) {
@@ -44,24 +67,7 @@ fn repacked_rows_equal_ggml_repack_mul_mat() {
     for c in &cases {
         seen.0 |= c.t == DType::Q4_0;
         seen.1 |= c.t == DType::IQ4NL;
-        let (mut s, y) = mul_mat(c, RowLayout::Repacked8);
-        for cpu in cpu_configs() {
-            s.compute(&cpu).unwrap();
-            let got = s.get_f32(y).unwrap();
-            for (i, (g, w)) in got.iter().zip(&c.want).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    w.to_bits(),
-                    "{} k={} m={} n={}: element {i} is {g}, ggml's repack gives {w} on {:?}/{}t",
-                    c.t,
-                    c.k,
-                    c.m,
-                    c.n,
-                    cpu.isa(),
-                    cpu.n_threads()
-                );
-            }
-        }
+        assert_every_config_gives(c, "ggml's repack gives");
     }
     assert!(seen.0 && seen.1 && cases.len() >= 10);
     let mut differ = 0;
@@ -186,6 +192,89 @@ fn kernels_equal_the_definition() {
         }
     }
     assert!(checked >= 480 * isas.len());
+}
+
+/// mul_mat of repacked rows, for row counts whose mat-vec takes four groups a call (one from
+/// each quarter of a thread's rows) and the groups left over, and for 1-6 columns (four a
+/// call and the rest): every result is the definition's for its row and quantized column, on
+/// every ISA and thread count. The four-group kernel alone, too.
+#[test]
+fn every_path_of_a_product_gives_the_definition() {
+    let mut rng = Rng::new(0x9e9e);
+    for (t, k, m, n) in [
+        (DType::Q4_0, 288, 32, 1),
+        (DType::IQ4NL, 288, 72, 1),
+        (DType::Q4_0, 64, 136, 1),
+        (DType::IQ4NL, 96, 264, 1),
+        (DType::Q4_0, 160, 40, 6),
+        (DType::IQ4NL, 64, 48, 4),
+    ] {
+        let row = t.row_size(k).unwrap();
+        let wv: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let mut w = vec![0u8; row * m];
+        for r in 0..m {
+            tessera_quants::quantize_row(
+                t.id(),
+                &wv[r * k..(r + 1) * k],
+                &mut w[r * row..(r + 1) * row],
+                None,
+            )
+            .unwrap();
+        }
+        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(-2.0, 2.0)).collect();
+        let qrow = DType::Q8_0.row_size(k).unwrap();
+        let mut xq = vec![0u8; qrow * n];
+        for j in 0..n {
+            quantize_activations(
+                DType::Q8_0,
+                &b[j * k..(j + 1) * k],
+                &mut xq[j * qrow..(j + 1) * qrow],
+            )
+            .unwrap();
+        }
+        let want: Vec<f32> = (0..n)
+            .flat_map(|j| {
+                let (w, xq) = (&w, &xq);
+                (0..m).map(move |r| {
+                    vec_dot_ref(
+                        t,
+                        &w[r * row..(r + 1) * row],
+                        &xq[j * qrow..(j + 1) * qrow],
+                        k,
+                    )
+                })
+            })
+            .collect();
+        let c = QmmCase {
+            t,
+            k,
+            m,
+            n,
+            w: w.clone(),
+            b,
+            want,
+        };
+        assert_every_config_gives(&c, "the definition gives");
+        // the four-group kernel on four groups of this matrix
+        if m >= 32 {
+            let mut g = vec![0u8; w.len()];
+            tessera::layout::interleave8(t, row, &w, &mut g).unwrap();
+            let grp = |i: usize| &g[i * 8 * row..(i + 1) * 8 * row];
+            for isa in [Isa::Scalar, tessera_cpu::simd::isa()] {
+                let four =
+                    vec_dot8_groups4(isa, t, [grp(0), grp(3), grp(1), grp(2)], &xq[..qrow], k);
+                for (gi, v) in [0, 3, 1, 2].iter().zip(&four) {
+                    for (i, y) in v.iter().enumerate() {
+                        assert_eq!(
+                            y.to_bits(),
+                            c.want[8 * gi + i].to_bits(),
+                            "{t} group {gi} row {i} on {isa:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The definition against an f64 dot product of the dequantized values: the arithmetic is a

@@ -478,6 +478,36 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
                     8 * row_bytes,
                 );
+                let mut rows = rows;
+                if n == 1 && repacked(a) && super::qgemv_repack::has_four_column_kernel(ctx.isa) {
+                    // mat-vec with ggml's repack arithmetic: four groups a call, one from each
+                    // quarter of the chunk's groups (four sequential streams from memory)
+                    let quarter = rows.len() / 32;
+                    let group = |r0: usize| {
+                        std::slice::from_raw_parts(
+                            ctx.src[0].add(a_off + r0 * a.nb[1]),
+                            8 * row_bytes,
+                        )
+                    };
+                    let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
+                    for q in 0..quarter {
+                        let r0: [usize; 4] =
+                            std::array::from_fn(|j| rows.start + 8 * (q + j * quarter));
+                        let v = super::qgemv_repack::vec_dot8_groups4(
+                            ctx.isa,
+                            a.dtype,
+                            r0.map(group),
+                            x,
+                            k,
+                        );
+                        for (&r0, v) in r0.iter().zip(&v) {
+                            for (i, &y) in v.iter().enumerate() {
+                                *(ctx.dst.add(d_off + (r0 + i) * 4) as *mut f32) = y;
+                            }
+                        }
+                    }
+                    rows = rows.start + 32 * quarter..rows.end;
+                }
                 for r0 in rows.step_by(8) {
                     let g = std::slice::from_raw_parts(
                         ctx.src[0].add(a_off + r0 * a.nb[1]),
