@@ -142,9 +142,9 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
 /// software prefetches, is not (SmolLM2 requantized to q4_0, tg128 on one thread of an AMX
 /// Xeon: one group a call 112 tokens/s, against 155 for the plain rows).
 pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -> [[f32; 8]; 4] {
-    let nb = k / 32;
     #[cfg(target_arch = "x86_64")]
     if has_four_column_kernel(isa) {
+        let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
                 && g.iter().all(|g| g.len() >= 8 * nb * BLOCK)
@@ -181,11 +181,11 @@ pub fn has_four_column_kernel(isa: Isa) -> bool {
 /// [`vec_dot8`] of one group against four activation rows: `out[c][r]`, each bit-identical
 /// to `vec_dot8`'s. On AVX-512 VNNI the group's nibbles are unpacked once per block for the
 /// four columns, and two columns' integers share the last step of the reduction and one
-/// 512-bit conversion and FMA (mat-mat: 1.5-1.8× four `vec_dot8` calls, README).
+/// 512-bit conversion and FMA (mat-mat: 1.3-1.5× four `vec_dot8` calls, README).
 pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
-    let nb = k / 32;
     #[cfg(target_arch = "x86_64")]
     if has_four_column_kernel(isa) {
+        let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
                 && g.len() >= 8 * nb * BLOCK
