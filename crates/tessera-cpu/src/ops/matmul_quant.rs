@@ -479,7 +479,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     8 * row_bytes,
                 );
                 let mut rows = rows;
-                if n == 1 && repacked(a) && super::qgemv_repack::has_four_column_kernel(ctx.isa) {
+                if n == 1 && repacked(a) && super::qgemv_repack::has_four_group_kernel(ctx.isa) {
                     // mat-vec with ggml's repack arithmetic: four groups a call, one from each
                     // quarter of the chunk's groups (four sequential streams from memory)
                     let quarter = rows.len() / 32;
