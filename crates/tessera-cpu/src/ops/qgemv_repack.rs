@@ -114,11 +114,11 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
         return unsafe {
             avx2::vec_dot8(
                 t == DType::IQ4NL,
-                g.as_ptr(),
+                [g.as_ptr()],
                 [x.as_ptr()],
                 nb,
                 super::qgemv_0::interleaved_prefetch(),
-            )[0]
+            )[0][0]
         };
     }
     let _ = isa;
@@ -152,16 +152,20 @@ pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -
             "repack vec_dot8_groups4: {t}, k={k}, {} activation bytes",
             x.len()
         );
-        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL, VNNI, AVX2, FMA and F16C;
-        // every g holds nb blocks of eight rows and x nb activation blocks (asserted above).
+        let (iq4nl, g, pf) = (
+            t == DType::IQ4NL,
+            g.map(|g| g.as_ptr()),
+            super::qgemv_0::interleaved_prefetch(),
+        );
+        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL, VNNI, AVX2, FMA and F16C,
+        // `has_four_group_kernel` that it has AVX2, FMA and F16C; every g holds nb blocks of
+        // eight rows and x nb activation blocks (asserted above).
         return unsafe {
-            avx512::vec_dot8(
-                t == DType::IQ4NL,
-                g.map(|g| g.as_ptr()),
-                x.as_ptr(),
-                nb,
-                super::qgemv_0::interleaved_prefetch(),
-            )
+            if super::qdot::avx2::uses_vnni(isa) {
+                avx512::vec_dot8(iq4nl, g, x.as_ptr(), nb, pf)
+            } else {
+                avx2::vec_dot8::<4, 1>(iq4nl, g, [x.as_ptr()], nb, pf).map(|v| v[0])
+            }
         };
     }
     g.map(|g| vec_dot8(isa, t, g, x, k))
@@ -178,11 +182,11 @@ pub fn has_four_column_kernel(isa: Isa) -> bool {
     }
 }
 
-/// Whether [`vec_dot8_groups4`] has a kernel of its own for `isa` (AVX-512 VNNI; else it is
-/// four [`vec_dot8`]).
+/// Whether [`vec_dot8_groups4`] has a kernel of its own for `isa` (AVX2 and AVX-512 VNNI;
+/// else it is four [`vec_dot8`]).
 pub fn has_four_group_kernel(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::qdot::avx2::uses_vnni(isa);
+    return has_four_column_kernel(isa);
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
@@ -213,7 +217,7 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
             if super::qdot::avx2::uses_vnni(isa) {
                 avx512::vec_dot8x4(iq4nl, g.as_ptr(), x, nb)
             } else {
-                avx2::vec_dot8::<4>(iq4nl, g.as_ptr(), x, nb, pf)
+                avx2::vec_dot8::<1, 4>(iq4nl, [g.as_ptr()], x, nb, pf)[0]
             }
         };
     }
@@ -457,13 +461,13 @@ mod avx2 {
     /// The CPU has AVX2, FMA and F16C; `g` points at `nb` blocks of eight interleaved rows
     /// (`8 × 18` bytes each), `x` at `nb` q8_0 blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn vec_dot8<const C: usize>(
+    pub unsafe fn vec_dot8<const G: usize, const C: usize>(
         iq4nl: bool,
-        g: *const u8,
+        g: [*const u8; G],
         x: [*const u8; C],
         nb: usize,
         pf: usize,
-    ) -> [[f32; 8]; C] {
+    ) -> [[[f32; 8]; C]; G] {
         let mask = _mm256_set1_epi8(0x0F);
         let mut book = [0i8; 16];
         for (n, o) in book.iter_mut().enumerate() {
@@ -477,55 +481,64 @@ mod avx2 {
         // lanes 0 2 4 6 | 1 3 5 7 of the reduction, and back
         let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
         let back = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        let mut acc = [_mm256_setzero_ps(); C];
+        let mut acc = [[_mm256_setzero_ps(); C]; G];
         for b in 0..nb {
-            // SAFETY: block b of the group and of every x are readable (caller).
-            unsafe {
-                let blk = g.add(b * 8 * BLOCK);
-                if pf != 0 && b % 2 == 0 {
-                    super::prefetch_group(blk, pf);
-                }
-                // the signed values of rows 2h and 2h + 1, low and high nibbles, once for all
-                // columns
-                let w: [(__m256i, __m256i); 4] = std::array::from_fn(|h| {
-                    let q = _mm256_loadu_si256(blk.add(16 + 32 * h) as *const __m256i);
-                    (
-                        _mm256_shuffle_epi8(book, _mm256_and_si256(q, mask)),
-                        _mm256_shuffle_epi8(
-                            book,
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
-                        ),
-                    )
-                });
-                let dw = _mm256_permutevar8x32_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i)),
-                    order,
-                );
-                for (a, &x) in acc.iter_mut().zip(&x) {
-                    let xb = x.add(b * QBLOCK);
-                    let ylo =
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(2) as *const __m128i));
-                    let yhi =
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(18) as *const __m128i));
-                    let (alo, ahi) = (_mm256_abs_epi8(ylo), _mm256_abs_epi8(yhi));
-                    let pair = |h: usize| {
-                        let (lo, hi) = w[h];
-                        let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(lo, ylo));
-                        let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(hi, yhi));
-                        _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones))
-                    };
-                    let isum = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(pair(0), pair(1)),
-                        _mm256_hadd_epi32(pair(2), pair(3)),
+            for (acc, &g) in acc.iter_mut().zip(&g) {
+                // SAFETY: block b of every group and of every x are readable (caller).
+                unsafe {
+                    let blk = g.add(b * 8 * BLOCK);
+                    if pf != 0 && b % 2 == 0 {
+                        super::prefetch_group(blk, pf);
+                    }
+                    // the signed values of rows 2h and 2h + 1, low and high nibbles, once for all
+                    // columns
+                    let w: [(__m256i, __m256i); 4] = std::array::from_fn(|h| {
+                        let q = _mm256_loadu_si256(blk.add(16 + 32 * h) as *const __m256i);
+                        (
+                            _mm256_shuffle_epi8(book, _mm256_and_si256(q, mask)),
+                            _mm256_shuffle_epi8(
+                                book,
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+                            ),
+                        )
+                    });
+                    let dw = _mm256_permutevar8x32_ps(
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i)),
+                        order,
                     );
-                    let dx =
-                        _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *a);
+                    for (a, &x) in acc.iter_mut().zip(&x) {
+                        let xb = x.add(b * QBLOCK);
+                        let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                            xb.add(2) as *const __m128i
+                        ));
+                        let yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                            xb.add(18) as *const __m128i
+                        ));
+                        let (alo, ahi) = (_mm256_abs_epi8(ylo), _mm256_abs_epi8(yhi));
+                        let pair = |h: usize| {
+                            let (lo, hi) = w[h];
+                            let plo = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(lo, ylo));
+                            let phi = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(hi, yhi));
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(plo, ones),
+                                _mm256_madd_epi16(phi, ones),
+                            )
+                        };
+                        let isum = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(pair(0), pair(1)),
+                            _mm256_hadd_epi32(pair(2), pair(3)),
+                        );
+                        let dx = _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([
+                            *xb,
+                            *xb.add(1),
+                        ])));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *a);
+                    }
                 }
             }
         }
-        let mut out = [[0f32; 8]; C];
-        for (o, a) in out.iter_mut().zip(&acc) {
+        let mut out = [[[0f32; 8]; C]; G];
+        for (o, a) in out.iter_mut().flatten().zip(acc.iter().flatten()) {
             // SAFETY: 32 writable bytes.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_permutevar8x32_ps(*a, back)) };
         }
