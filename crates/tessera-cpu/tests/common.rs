@@ -231,3 +231,15 @@ pub fn qmm_fixture(f: &[u8]) -> Vec<QmmCase> {
     assert_eq!(p, f.len());
     cases
 }
+
+/// A random weight row of `t` (values in [-1, 1), quantized by ggml's reference quantizer) and
+/// a random activation row quantized to q8_0 as mul_mat quantizes it, both of `k` elements.
+pub fn random_row_and_q8_0(t: DType, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
+    let wv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let mut w = vec![0u8; t.row_size(k).unwrap()];
+    tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
+    let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+    tessera_cpu::ops::matmul_quant::quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+    (w, x)
+}

@@ -93,18 +93,13 @@ fn iq4_nl_equals_ggml_mul_mat() {
 /// random rows of eight blocks, most results of the two disagree in their last bits.
 #[test]
 fn iq4_nl_one_and_many_column_roundings_differ() {
-    use tessera_cpu::ops::matmul_quant::{quantize_activations, vec_dot_scalar};
+    use tessera_cpu::ops::matmul_quant::vec_dot_scalar;
     use tessera_cpu::Isa;
     let mut rng = Rng::new(56);
     let (k, t) = (256, DType::IQ4NL);
     let mut differ = 0;
     for _ in 0..50 {
-        let wv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let mut w = vec![0u8; t.row_size(k).unwrap()];
-        tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
-        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
-        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let (w, x) = random_row_and_q8_0(t, k, &mut rng);
         let one = matmul_quant::vec_dot(Isa::Scalar, t, &w, &x, k);
         let many = vec_dot_scalar(t, &w, &x, k);
         assert!(

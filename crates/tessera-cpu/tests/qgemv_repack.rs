@@ -286,12 +286,7 @@ fn the_definition_is_a_dot_product() {
     let mut rng = Rng::new(77);
     for t in [DType::Q4_0, DType::IQ4NL] {
         let k = 256;
-        let wv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let mut w = vec![0u8; t.row_size(k).unwrap()];
-        tessera_quants::quantize_row(t.id(), &wv, &mut w, None).unwrap();
-        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
-        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let (w, x) = random_row_and_q8_0(t, k, &mut rng);
         let (mut wd, mut xd) = (vec![0f32; k], vec![0f32; k]);
         tessera_quants::dequantize_row(t.id(), &w, &mut wd).unwrap();
         tessera_quants::dequantize_row(DType::Q8_0.id(), &x, &mut xd).unwrap();
