@@ -136,7 +136,7 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
 }
 
 /// [`vec_dot8`] of four groups (`g`, each `8 × k / 32` blocks) against one activation row.
-/// On AVX-512 VNNI the four advance block by block together, so that mat-vec reads the
+/// On AVX2 and AVX-512 VNNI the four advance block by block together, so that mat-vec reads the
 /// weights as four sequential streams (taken a quarter of a thread's rows apart by
 /// `matmul_quant`), which the hardware prefetcher keeps fed where one stream, even with
 /// software prefetches, is not (SmolLM2 requantized to q4_0, tg128 on one thread of an AMX
@@ -196,8 +196,9 @@ pub fn has_four_group_kernel(isa: Isa) -> bool {
 
 /// [`vec_dot8`] of one group against four activation rows: `out[c][r]`, each bit-identical
 /// to `vec_dot8`'s. On AVX2 and AVX-512 VNNI the group's nibbles are unpacked once per block
-/// for the four columns; on AVX-512 two columns' integers also share the last step of the reduction and one
-/// 512-bit conversion and FMA (mat-mat: 1.3-1.5× four `vec_dot8` calls, README).
+/// for the four columns; on AVX-512 two columns' integers also share the last step of the
+/// reduction and one 512-bit conversion and FMA (mat-mat 512 columns, one thread: 1.3-1.5×
+/// four `vec_dot8` calls on AVX-512, 1.2× on AVX2; README).
 pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
     #[cfg(target_arch = "x86_64")]
     if has_four_column_kernel(isa) {
@@ -227,7 +228,7 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
 /// Five lines (two blocks of a group) `pf` bytes after `blk` into L2: a group is one
 /// sequential run, which Intel's hardware prefetcher does not follow from memory (see
 /// `qgemv_0::interleaved_prefetch`; SmolLM2 requantized to q4_0, tg128 on one thread of an
-/// AMX Xeon: 91-97 tokens/s without, against 155 for the plain rows).
+/// AMX Xeon: 91-97 tokens/s without, 103-113 with, against 155 for the plain rows).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_group(blk: *const u8, pf: usize) {
