@@ -298,6 +298,10 @@ impl Model {
         // released pages (SmolLM2: 23 of 66 MB); and all of it once the copies are made.
         if !self.interleaved.is_empty() {
             for t in self.file.tensors.iter().filter(|t| t.n_dims == 1) {
+                if self.small.contains_key(&t.name) {
+                    // copied by an earlier call (`--repack`, then `--interleave`)
+                    continue;
+                }
                 let (bytes, off) = self.tensor_bytes(t);
                 let copy = (*bytes).as_ref()[off..off + t.size].to_vec();
                 self.small.insert(t.name.clone(), Arc::new(copy));
