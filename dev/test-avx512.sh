@@ -38,5 +38,5 @@ run "$(bin qdot_tiles)"
 run "$(bin qdot_fp)" four_row_kernel_of_mxfp4
 run "$(bin qgemm_0)" every_element q8_0_extreme_codes strided_columns iq4_nl_equals_ggml
 run "$(bin qgemm_k)" equals_ggml_bit_for_bit
-run "$(bin qgemv_repack)" repacked_rows_equal_ggml kernels_equal
+run "$(bin qgemv_repack)" repacked_rows_equal_ggml repacked_q4_k_rows kernels_equal
 echo "test-avx512: every AVX-512 VNNI run passed" >&2

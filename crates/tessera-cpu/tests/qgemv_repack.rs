@@ -1,6 +1,7 @@
-//! q4_0 and iq4_nl weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
-//! `ops::qgemv_repack`): mul_mat against ggml's own results from its CPU repack buffer, the
-//! kernels against the scalar definition, and the errors for what the layout does not take.
+//! q4_0, iq4_nl and q4_K weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
+//! `ops::qgemv_repack`, `ops::qgemv_repack_k`): mul_mat against ggml's own results from its
+//! CPU repack buffer, the kernels against the scalar definitions (q4_K's two roundings on
+//! every path of a product), and the errors for what the layout does not take.
 
 mod common;
 
@@ -8,6 +9,7 @@ use common::*;
 use tessera::{DType, Graph, RowLayout, Session};
 use tessera_cpu::ops::matmul_quant::quantize_activations;
 use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot8_groups4, vec_dot8x4, vec_dot_ref};
+use tessera_cpu::ops::qgemv_repack_k as rk;
 use tessera_cpu::simd::Isa;
 
 /// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
@@ -20,6 +22,20 @@ use tessera_cpu::simd::Isa;
 /// buffer 1 of 8 to 167 of 256 results of each case differ). Format: `common::qmm_fixture`.
 fn fixture() -> Vec<QmmCase> {
     qmm_fixture(include_bytes!("data/q4_repack_mm_ggml.bin"))
+}
+
+/// `data/q4k_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
+/// linked against llama.cpp's `libggml-cpu` as vendored by llama-cpp-python 0.3.36 (gcc 12;
+/// a native build on a Xeon with AVX-512 VNNI and AMX and a build for AVX2 alone wrote the
+/// same bytes): q4_K weights quantized by `ggml_quantize_chunk`, put in the `CPU_REPACK`
+/// buffer type (ggml reported `q4_K_8x8` repacking), f32 activations, the results of
+/// `ggml_mul_mat` computed by `ggml_backend_graph_compute` (1 and 2 threads gave the same
+/// bytes; against the plain buffer 4 of 8 to 207 of 272 results of each case differ). Ten
+/// cases: K 256-1536, 8-32 rows, 1-17 columns (whole fours, the rest, both), two of them with
+/// every weight and activation near its maximum, so that a superblock's integer sum passes
+/// 2²⁴. Format: `common::qmm_fixture`.
+fn fixture_q4_k() -> Vec<QmmCase> {
+    qmm_fixture(include_bytes!("data/q4k_repack_mm_ggml.bin"))
 }
 
 /// Runs `c` with repacked rows on every CPU configuration and asserts every result's bits
@@ -57,6 +73,24 @@ fn mul_mat(c: &QmmCase, layout: RowLayout) -> (Session, tessera::TensorId) {
     (s, y)
 }
 
+/// How many of the cases' results the plain layout gives with other bits than `want`, of
+/// how many.
+fn plain_results_differing(cases: &[QmmCase]) -> (usize, usize) {
+    let (mut differ, mut total) = (0, 0);
+    for c in cases {
+        let (mut s, y) = mul_mat(c, RowLayout::Plain);
+        s.compute(&tessera_cpu::CpuBackend::new(1)).unwrap();
+        let got = s.get_f32(y).unwrap();
+        differ += got
+            .iter()
+            .zip(&c.want)
+            .filter(|(g, w)| g.to_bits() != w.to_bits())
+            .count();
+        total += got.len();
+    }
+    (differ, total)
+}
+
 /// Every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar one
 /// too) and thread count, for one to nine columns; the plain layout differs from it (so the
 /// fixture tells the two arithmetics apart).
@@ -70,19 +104,7 @@ fn repacked_rows_equal_ggml_repack_mul_mat() {
         assert_every_config_gives(c, "ggml's repack gives");
     }
     assert!(seen.0 && seen.1 && cases.len() >= 10);
-    let mut differ = 0;
-    let mut total = 0;
-    for c in &cases {
-        let (mut s, y) = mul_mat(c, RowLayout::Plain);
-        s.compute(&tessera_cpu::CpuBackend::new(1)).unwrap();
-        let got = s.get_f32(y).unwrap();
-        differ += got
-            .iter()
-            .zip(&c.want)
-            .filter(|(g, w)| g.to_bits() != w.to_bits())
-            .count();
-        total += got.len();
-    }
+    let (differ, total) = plain_results_differing(&cases);
     assert!(
         differ * 3 > total,
         "only {differ} of {total} plain results differ"
@@ -94,15 +116,7 @@ fn repacked_rows_equal_ggml_repack_mul_mat() {
 #[test]
 fn kernels_equal_the_definition() {
     let mut rng = Rng::new(0x5eed_4a11);
-    let mut isas = vec![Isa::Scalar];
-    let best = tessera_cpu::simd::isa();
-    if best != Isa::Scalar {
-        isas.push(best);
-    }
-    if best > Isa::Avx2 && best != Isa::Neon {
-        // the AVX2 kernel on a CPU that prefers another
-        isas.push(Isa::Avx2);
-    }
+    let isas = isas();
     let scales = [
         0x7bff, // 65504
         0xfbff, // -65504
@@ -299,37 +313,240 @@ fn the_definition_is_a_dot_product() {
     }
 }
 
-/// What the layout does not take is an error naming the tensor and the reason: q4_1 rows
-/// (interleavable, but ggml's repack arithmetic is reproduced for q4_0 and iq4_nl only), a
-/// row count that is not whole groups of eight, and a product the kernels do not cover
-/// (an f16 second operand), which would otherwise run the fallback's other arithmetic.
+/// What the layout does not take is an error naming the tensor and the reason: q4_1 and q5_K
+/// rows (ggml's repack arithmetic is reproduced for q4_0, iq4_nl and q4_K only), a row count
+/// that is not whole groups of eight, q4_K rows interleaved (they take the repack arithmetic
+/// on their plain rows only), and a product the kernels do not cover (an f16 second operand),
+/// which would otherwise run the fallback's other arithmetic.
 #[test]
 fn what_the_layout_does_not_take_is_an_error() {
-    let mut g = Graph::new();
-    let a = g.new_tensor(DType::Q4_1, &[64, 8]).unwrap();
-    let e = g
-        .set_layout(a, RowLayout::Repacked8)
-        .unwrap_err()
-        .to_string();
+    let refused = |t: DType, ne: [usize; 2], layout: RowLayout| {
+        let mut g = Graph::new();
+        let a = g.new_tensor(t, &ne).unwrap();
+        g.set_layout(a, layout).unwrap_err().to_string()
+    };
+    let e = refused(DType::Q4_1, [64, 8], RowLayout::Repacked8);
     assert!(e.contains("q4_1") && e.contains("repack"), "{e}");
-    let a = g.new_tensor(DType::Q4_0, &[64, 12]).unwrap();
-    let e = g
-        .set_layout(a, RowLayout::Repacked8)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("12 rows"), "{e}");
+    let e = refused(DType::Q5K, [256, 8], RowLayout::Repacked8);
+    assert!(e.contains("q5_K") && e.contains("repack"), "{e}");
+    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256)] {
+        let e = refused(t, [k, 12], RowLayout::Repacked8);
+        assert!(e.contains("12 rows"), "{e}");
+    }
+    let e = refused(DType::Q4K, [256, 8], RowLayout::Interleaved8);
+    assert!(e.contains("q4_K") && e.contains("interleaved"), "{e}");
 
-    let mut g = Graph::new();
-    let a = g.new_tensor(DType::Q4_0, &[64, 8]).unwrap();
-    let b = g.new_tensor(DType::F16, &[64, 2]).unwrap();
-    g.set_layout(a, RowLayout::Repacked8).unwrap();
-    let y = g.mul_mat(a, b).unwrap();
-    let mut s = Session::new(g, &[y]).unwrap();
-    s.set_bytes(a, &vec![0x11u8; 8 * 36]).unwrap();
-    s.set_f32(b, &[0.5; 128]).unwrap();
-    let e = s
-        .compute(&tessera_cpu::CpuBackend::new(1))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("Repacked8") && e.contains("q4_0"), "{e}");
+    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256)] {
+        let mut g = Graph::new();
+        let a = g.new_tensor(t, &[k, 8]).unwrap();
+        let b = g.new_tensor(DType::F16, &[k, 2]).unwrap();
+        g.set_layout(a, RowLayout::Repacked8).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        s.set_bytes(a, &vec![0x11u8; 8 * t.row_size(k).unwrap()])
+            .unwrap();
+        s.set_f32(b, &vec![0.5; 2 * k]).unwrap();
+        let e = s
+            .compute(&tessera_cpu::CpuBackend::new(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Repacked8") && e.contains(&t.to_string()), "{e}");
+    }
+}
+
+/// Every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar one
+/// too) and thread count; the plain layout differs from it in many results.
+#[test]
+fn repacked_q4_k_rows_equal_ggml_repack_mul_mat() {
+    let cases = fixture_q4_k();
+    assert!(cases.len() >= 10 && cases.iter().all(|c| c.t == DType::Q4K));
+    for c in &cases {
+        assert_every_config_gives(c, "ggml's repack gives");
+        // the layout keeps ggml's rows: what was set is what is read
+        let mut g = Graph::new();
+        let a = g.new_tensor(c.t, &[c.k, c.m]).unwrap();
+        g.set_layout(a, RowLayout::Repacked8).unwrap();
+        let mut s = Session::new(g, &[a]).unwrap();
+        s.set_bytes(a, &c.w).unwrap();
+        assert_eq!(s.get_bytes(a).unwrap(), c.w);
+    }
+    let (differ, total) = plain_results_differing(&cases);
+    assert!(
+        differ * 2 > total,
+        "only {differ} of {total} plain results differ"
+    );
+}
+
+/// The scalar ISA, this CPU's best, and AVX2 on a CPU that prefers another.
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::Scalar];
+    let best = tessera_cpu::simd::isa();
+    if best != Isa::Scalar {
+        isas.push(best);
+    }
+    if best > Isa::Avx2 && best != Isa::Neon {
+        isas.push(Isa::Avx2);
+    }
+    isas
+}
+
+fn quantized(t: DType, v: &[f32]) -> Vec<u8> {
+    let k = v.len();
+    let mut q = vec![0u8; t.row_size(k).unwrap()];
+    if t == DType::Q8K {
+        quantize_activations(t, v, &mut q).unwrap();
+    } else {
+        tessera_quants::quantize_row(t.id(), v, &mut q, None).unwrap();
+    }
+    q
+}
+
+/// Random rows and adversarial ones (extreme and special f16 scales, six-bit scales and mins
+/// at 63, nibbles at 0 and 15, activations at ±127): each ISA's eight-row kernels give, row by
+/// row and column by column, what the definition gives with their rounding.
+#[test]
+fn q4_k_kernels_equal_the_definition() {
+    let mut rng = Rng::new(0x4b5e_ed01);
+    let f16s = [
+        0x7bffu16, 0xfbff, 0x0001, 0x8400, 0x0000, 0x3c00, 0x7c00, 0x7e00,
+    ];
+    let mut checked = 0;
+    for case in 0..24 {
+        let k = 256 * (1 + case % 3);
+        let row = DType::Q4K.row_size(k).unwrap();
+        let mut g = Vec::with_capacity(8 * row);
+        for r in 0..8 {
+            let v: Vec<f32> = (0..k)
+                .map(|_| rng.uniform(-1.0, 1.0) * (1 + r) as f32)
+                .collect();
+            let mut w = quantized(DType::Q4K, &v);
+            if case % 2 == 1 {
+                for b in w.chunks_exact_mut(rk::BLOCK) {
+                    if rng.below(2) == 0 {
+                        b[..2].copy_from_slice(&rng.pick(&f16s).to_le_bytes());
+                        b[2..4].copy_from_slice(&rng.pick(&f16s).to_le_bytes());
+                    }
+                    if rng.below(3) == 0 {
+                        b[4..16].fill(0xff); // every scale and min 63
+                    }
+                    if rng.below(3) == 0 {
+                        let n = rng.pick(&[0x00u8, 0xff, 0xf0]);
+                        b[16..].fill(n);
+                    }
+                }
+            }
+            g.extend_from_slice(&w);
+        }
+        let xs: Vec<Vec<u8>> = (0..4)
+            .map(|c| {
+                let v: Vec<f32> = (0..k)
+                    .map(|i| {
+                        if case % 2 == 1 && c == 0 {
+                            if i % 2 == 0 {
+                                1.0
+                            } else {
+                                -1.0
+                            }
+                        } else {
+                            rng.uniform(-2.0, 2.0)
+                        }
+                    })
+                    .collect();
+                quantized(DType::Q8K, &v)
+            })
+            .collect();
+        assert_eq!(xs[0].len(), k / 256 * rk::QBLOCK);
+        for isa in isas() {
+            let four = rk::vec_dot8x4(isa, &g, std::array::from_fn(|c| &xs[c][..]), k);
+            for (c, x) in xs.iter().enumerate() {
+                let one = rk::vec_dot8(isa, &g, x, k);
+                for r in 0..8 {
+                    let w = &g[r * row..(r + 1) * row];
+                    for (got, quad) in [(one[r], false), (four[c][r], true)] {
+                        let want = rk::vec_dot_ref(w, x, k, quad);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "case {case} column {c} row {r} quad {quad} on {isa:?}: {got} vs \
+                             {want}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 24 * 4 * 8 * 2);
+}
+
+/// mul_mat of repacked q4_K rows for 1-7 columns and several row counts: the columns in
+/// whole fours from the first take the four-column rounding, the rest the one-column
+/// rounding, on every ISA and thread count; and the two roundings differ somewhere (so the
+/// assignment is tested).
+#[test]
+fn every_path_of_a_q4_k_product_gives_the_definition() {
+    let mut rng = Rng::new(0x4b4b);
+    let mut roundings_differ = false;
+    for (k, m, n) in [
+        (256, 8, 1),
+        (512, 40, 1),
+        (768, 16, 3),
+        (256, 24, 4),
+        (512, 16, 7),
+    ] {
+        let row = DType::Q4K.row_size(k).unwrap();
+        let wv: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let w: Vec<u8> = wv
+            .chunks(k)
+            .flat_map(|r| quantized(DType::Q4K, r))
+            .collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(-2.0, 2.0)).collect();
+        let xq: Vec<Vec<u8>> = b.chunks(k).map(|c| quantized(DType::Q8K, c)).collect();
+        let quads = n - n % 4;
+        let want: Vec<f32> = (0..n)
+            .flat_map(|j| {
+                let (w, xq) = (&w, &xq);
+                (0..m)
+                    .map(move |r| rk::vec_dot_ref(&w[r * row..(r + 1) * row], &xq[j], k, j < quads))
+            })
+            .collect();
+        for x in &xq {
+            for wr in w.chunks_exact(row) {
+                roundings_differ |= rk::vec_dot_ref(wr, x, k, true).to_bits()
+                    != rk::vec_dot_ref(wr, x, k, false).to_bits();
+            }
+        }
+        let c = QmmCase {
+            t: DType::Q4K,
+            k,
+            m,
+            n,
+            w,
+            b,
+            want,
+        };
+        assert_every_config_gives(&c, "the definition gives");
+    }
+    assert!(roundings_differ);
+}
+
+/// The definition against an f64 dot product of the dequantized values, for both roundings.
+#[test]
+fn the_q4_k_definition_is_a_dot_product() {
+    let mut rng = Rng::new(78);
+    let k = 1024;
+    let v: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let (w, x) = (quantized(DType::Q4K, &v), quantized(DType::Q8K, &xv));
+    let (mut wd, mut xd) = (vec![0f32; k], vec![0f32; k]);
+    tessera_quants::dequantize_row(DType::Q4K.id(), &w, &mut wd).unwrap();
+    tessera_quants::dequantize_row(DType::Q8K.id(), &x, &mut xd).unwrap();
+    let exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+    for quad in [false, true] {
+        let got = rk::vec_dot_ref(&w, &x, k, quad) as f64;
+        assert!(
+            (got - exact).abs() <= 1e-4 * exact.abs().max(1.0),
+            "quad {quad}: {got} vs {exact}"
+        );
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::alloc::{Loc, Plan, Region, ALIGN};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
-use crate::layout::{deinterleave8, interleave8, RowLayout};
+use crate::layout::{deinterleave8, interleave8};
 use crate::op::Op;
 use crate::shape::{is_contiguous, nelements};
 use crate::tensor::{Tensor, TensorId};
@@ -309,7 +309,7 @@ impl Session {
                 "set_bytes: tensor {id} is bound to read-only external memory"
             ))
         })?;
-        if t.layout == RowLayout::Plain {
+        if !crate::layout::reorders(t.layout, t.dtype) {
             dst.copy_from_slice(bytes);
             Ok(())
         } else {
@@ -340,7 +340,7 @@ impl Session {
                 "set_f32: tensor {id} is bound to read-only external memory"
             ))
         })?;
-        if t.layout == RowLayout::Plain {
+        if !crate::layout::reorders(t.layout, t.dtype) {
             return crate::reference::scatter(&t, &dense, dst);
         }
         let mut plain = vec![0u8; dst.len()];
@@ -451,7 +451,7 @@ impl Session {
     pub fn get_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
         let t: &Tensor = self.graph.tensor(id);
         let bytes = self.mem.tensor_bytes(&self.graph, &self.plan, id)?;
-        if t.layout != RowLayout::Plain {
+        if crate::layout::reorders(t.layout, t.dtype) {
             let mut plain = vec![0u8; bytes.len()];
             deinterleave8(t.dtype, t.nb[1], bytes, &mut plain)?;
             return Ok(plain);

@@ -13,14 +13,18 @@
 //! changes.
 //!
 //! [`RowLayout::Repacked8`] keeps the same bytes but asks for other arithmetic: that of ggml's
-//! CPU "repack" buffer (`CPU_REPACK`, llama.cpp's default on x86 for q4_0 and iq4_nl weights
-//! with a multiple of eight rows), so that a product's results equal llama.cpp's default
+//! CPU "repack" buffer (`CPU_REPACK`, llama.cpp's default on x86 for q4_0, iq4_nl and q4_K
+//! weights with a multiple of eight rows), so that a product's results equal llama.cpp's default
 //! rather than its `--no-repack` (ggml's plain rows, which every other layout reproduces).
 //! For each row and column it adds one block at a time, in block order: the block's exact
 //! integer dot product (32 weights × 32 q8_0 activations), converted to f32, times the product
 //! of the two blocks' f16 scales (exact in f32), by one fused multiply-add into an f32
 //! accumulator that starts at zero; the result is that accumulator, whatever the column count
-//! or thread count.
+//! or thread count. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
+//! bytes: ggml's q4_K repack arithmetic needs no other order for its speed here, and the
+//! weights stay mapped. Its rounding depends on the column: ggml's four-column kernel adds
+//! one FMA per 64 weights, its one-column kernel one per 256 (see `qgemv_repack` in
+//! `tessera-cpu`).
 //!
 //! A graph sets either on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
 //! refuses it unless every reader of the leaf is a `mul_mat` taking it as its first operand,
@@ -39,15 +43,26 @@ pub enum RowLayout {
     Plain,
     /// Groups of eight rows interleaved block by block (see the module's documentation).
     Interleaved8,
-    /// The bytes of [`RowLayout::Interleaved8`], multiplied with the arithmetic of ggml's CPU
-    /// repack buffer (see the module's documentation): q4_0 and iq4_nl only.
+    /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl) or the plain rows (q4_K),
+    /// multiplied with the arithmetic of ggml's CPU repack buffer (see the module's
+    /// documentation).
     Repacked8,
 }
 
 /// Whether rows of `t` can take [`RowLayout::Repacked8`] (the types whose ggml repack kernels
 /// this crate reproduces).
 pub fn repack_numerics(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::IQ4NL)
+    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4K)
+}
+
+/// Whether a tensor of `t` in `layout` holds its bytes in another order than ggml's rows (so
+/// that reading or writing it goes through [`interleave8`] / [`deinterleave8`]).
+pub fn reorders(layout: RowLayout, t: DType) -> bool {
+    match layout {
+        RowLayout::Plain => false,
+        RowLayout::Interleaved8 => true,
+        RowLayout::Repacked8 => interleave_head(t).is_some(),
+    }
 }
 
 /// Bytes at the start of each block of `t` that [`RowLayout::Interleaved8`] keeps together

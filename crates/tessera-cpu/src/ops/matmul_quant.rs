@@ -516,9 +516,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     let qcol = |j: usize| {
                         std::slice::from_raw_parts(ctx.wdata.add((col0 + j) * l.qrow), l.qrow)
                     };
-                    // ggml's repack arithmetic: four columns a call where a kernel takes them
+                    // ggml's repack arithmetic: four columns a call where a kernel takes them,
+                    // and always for q4_K, whose rounding depends on it
                     let quads =
-                        if repacked(a) && super::qgemv_repack::has_four_column_kernel(ctx.isa) {
+                        if repacked(a) && super::qgemv_repack::columns_in_fours(ctx.isa, a.dtype) {
                             n / 4
                         } else {
                             0

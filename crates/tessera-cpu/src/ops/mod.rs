@@ -31,6 +31,7 @@ pub mod qgemv_0;
 #[cfg(target_arch = "x86_64")]
 pub mod qgemv_avx2;
 pub mod qgemv_repack;
+pub mod qgemv_repack_k;
 pub mod reduce;
 pub mod rope;
 pub mod rows;

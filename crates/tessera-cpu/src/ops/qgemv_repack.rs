@@ -1,4 +1,5 @@
-//! q4_0 and iq4_nl weights in `RowLayout::Repacked8` (`tessera::layout`): the arithmetic of
+//! q4_0 and iq4_nl weights in `RowLayout::Repacked8` (`tessera::layout`; q4_K: its entry
+//! points hand those to `qgemv_repack_k`): the arithmetic of
 //! ggml's CPU repack buffer (`CPU_REPACK`, llama.cpp's default on x86), so that a product's
 //! results equal llama.cpp's default rather than its plain rows (`--no-repack`).
 //!
@@ -87,6 +88,9 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 /// `tessera::layout`'s order) against one q8_0 activation row, each as [`vec_dot_ref`] gives
 /// it for that row.
 pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    if t == DType::Q4K {
+        return super::qgemv_repack_k::vec_dot8(isa, g, x, k);
+    }
     let nb = k / 32;
     assert!(
         tessera::layout::repack_numerics(t) && g.len() >= 8 * nb * BLOCK && x.len() >= nb * QBLOCK,
@@ -143,7 +147,7 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
 /// Xeon: one group a call 112 tokens/s, against 155 for the plain rows).
 pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -> [[f32; 8]; 4] {
     #[cfg(target_arch = "x86_64")]
-    if has_four_group_kernel(isa) {
+    if has_four_group_kernel(isa) && t != DType::Q4K {
         let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
@@ -169,6 +173,13 @@ pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -
         };
     }
     g.map(|g| vec_dot8(isa, t, g, x, k))
+}
+
+/// Whether a mat-mat of `t` rows in `Repacked8` must give its columns in whole fours from the
+/// first to [`vec_dot8x4`] (else only where that has a kernel of its own): q4_K, whose
+/// four-column rounding is not its one-column rounding (`qgemv_repack_k`), as in ggml.
+pub fn columns_in_fours(isa: Isa, t: DType) -> bool {
+    t == DType::Q4K || has_four_column_kernel(isa)
 }
 
 /// Whether [`vec_dot8x4`] has a kernel of its own for `isa` (else it is four [`vec_dot8`]).
@@ -200,6 +211,9 @@ pub fn has_four_group_kernel(isa: Isa) -> bool {
 /// reduction and one 512-bit conversion and FMA (mat-mat 512 columns, one thread: 1.3-1.5×
 /// four `vec_dot8` calls on AVX-512, 1.2× on AVX2; README).
 pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
+    if t == DType::Q4K {
+        return super::qgemv_repack_k::vec_dot8x4(isa, g, x, k);
+    }
     #[cfg(target_arch = "x86_64")]
     if has_four_column_kernel(isa) {
         let nb = k / 32;

@@ -185,17 +185,19 @@ impl Graph {
 
     /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
     /// takes a contiguous q4_0, q4_1 or iq4_nl leaf with a multiple of eight rows that is not
-    /// a param (the repacked one q4_0 or iq4_nl); planning then checks that only `mul_mat`
-    /// reads it, as its first operand.
+    /// a param (the repacked one q4_0, iq4_nl or q4_K); planning then checks that only
+    /// `mul_mat` reads it, as its first operand.
     pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
         let t = self.tensor(id);
         if layout != RowLayout::Plain {
             let why = if t.op != Op::Leaf {
                 Some(format!("it is the result of {}", t.op))
-            } else if crate::layout::interleave_head(t.dtype).is_none() {
-                Some("only q4_0, q4_1 and iq4_nl rows can be interleaved".to_string())
             } else if layout == RowLayout::Repacked8 && !crate::layout::repack_numerics(t.dtype) {
-                Some("only q4_0 and iq4_nl rows have ggml's repack arithmetic".to_string())
+                Some("only q4_0, iq4_nl and q4_K rows have ggml's repack arithmetic".to_string())
+            } else if layout == RowLayout::Interleaved8
+                && crate::layout::interleave_head(t.dtype).is_none()
+            {
+                Some("only q4_0, q4_1 and iq4_nl rows can be interleaved".to_string())
             } else if !t.is_contiguous() {
                 Some("it is not contiguous".to_string())
             } else if !t.nrows().is_multiple_of(8) || !t.ne[1].is_multiple_of(8) {

@@ -141,7 +141,7 @@ fn check_span(t: &Tensor, bytes: &[u8]) -> Result<()> {
 /// Reads tensor `t` (whose first byte is `bytes[0]`) into a dense f64 array.
 pub fn gather(t: &Tensor, bytes: &[u8]) -> Result<Dense> {
     check_span(t, bytes)?;
-    if t.layout != crate::layout::RowLayout::Plain {
+    if crate::layout::reorders(t.layout, t.dtype) {
         // interleaved rows (contiguous by construction): ggml's rows first
         let mut plain = vec![0u8; t.nbytes()];
         crate::layout::deinterleave8(t.dtype, t.nb[1], &bytes[..t.nbytes()], &mut plain)?;

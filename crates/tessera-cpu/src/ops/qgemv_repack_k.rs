@@ -1,0 +1,464 @@
+//! q4_K weights in `RowLayout::Repacked8` (`tessera::layout`; plain rows): the arithmetic of
+//! ggml's CPU repack buffer for q4_K (`block_q4_Kx8` with q8_K activations, llama.cpp's
+//! default on x86 for q4_K matrices of whole groups of eight rows), so that a product's results
+//! equal llama.cpp's default rather than its plain rows (`--no-repack`).
+//!
+//! ggml's x86 kernels (`ggml_gemv_q4_K_8x8_q8_K`, `ggml_gemm_q4_K_8x8_q8_K` and the latter's
+//! AVX-512 form) give each output (row, column) two f32 accumulators, `acc` and `accm`, both
+//! starting at zero, and the result `acc − accm`. Within a 256-weight superblock every integer
+//! is exact: sub-block s (32 weights, nibbles 0..15) gives `scale_s · Σ q·x` and
+//! `min_s · (bsum_2s + bsum_2s+1)` (the q8_K row's sums of sixteen). How often those integers
+//! meet the floats depends on the kernel, and so on the column:
+//! - the four-column kernel (`gemm`), which ggml runs on the columns in whole fours from the
+//!   first (`n − n mod 4` of them), adds per 64 weights (two sub-blocks): `acc = fma(f32(Σ
+//!   scale·dot), d·dx, acc)` and `accm = fma(f32(Σ min·bsums), dmin·dx, accm)`, four times a
+//!   superblock;
+//! - the one-column kernel (`gemv`), on the columns left over, adds the same once per
+//!   superblock, with the superblock's integer sums.
+//!
+//! `d`, `dmin` are the block's f16 scales as f32, `dx` the q8_K row's f32 scale; the products
+//! `d·dx`, `dmin·dx` are rounded to f32 before the FMA, and the conversion of a superblock's
+//! sum rounds once it passes 2²⁴. The activations are ggml's `quantize_row_q8_K` (as for
+//! the plain rows; ggml's four-column `ggml_quantize_mat_q8_K_4x8` gives the same integers and
+//! scales, up to a common sign where a row's largest magnitude appears with both signs, which
+//! changes no product).
+//!
+//! [`vec_dot_ref`] is that definition on one row and one column; [`vec_dot8`] (one-column
+//! rounding) and [`vec_dot8x4`] (four-column rounding) compute it for eight plain rows, on
+//! AVX2 (also where AVX-512 is chosen) with `vpmaddubsw`/`vpmaddwd` per pair of sub-blocks,
+//! elsewhere in scalar code: `vec_dot8` with the eight rows in the lanes (the column's
+//! activations loaded once per block for the eight rows, each row's integer sum by a tree of
+//! `vphaddd`, one FMA per block for the eight), `vec_dot8x4` with the four columns in the
+//! lanes (the nibbles unpacked once per row and block, the columns' sums per pair by
+//! `vphaddd` trees). Unlike ggml's repacked bytes, plain rows leave a horizontal sum per row
+//! and column: mat-mat runs at about 0.9× ggml's AVX2 kernels and 0.65× its AVX-512 ones
+//! (README); a version with two columns to a 512-bit vector measured no faster, so it was
+//! not kept. Tests: `tests/qgemv_repack.rs` (ggml's own results, and the kernels against
+//! [`vec_dot_ref`]).
+
+use tessera_quants::f16_to_f32;
+
+use crate::simd::Isa;
+
+/// Bytes of one q4_K block: f16 `d` and `dmin`, 12 bytes of six-bit scales and mins, 128 of
+/// nibbles.
+pub const BLOCK: usize = 144;
+/// Bytes of one q8_K block: f32 `d`, 256 signed bytes, sixteen i16 sums.
+pub const QBLOCK: usize = 292;
+
+/// The eight sub-blocks' six-bit scales and mins of a q4_K block's 12 scale bytes (ggml's
+/// `get_scale_min_k4`).
+#[inline(always)]
+fn scales_mins(sc: &[u8]) -> ([i32; 8], [i32; 8]) {
+    let (mut s, mut m) = ([0i32; 8], [0i32; 8]);
+    for j in 0..8 {
+        if j < 4 {
+            s[j] = (sc[j] & 63) as i32;
+            m[j] = (sc[j + 4] & 63) as i32;
+        } else {
+            s[j] = ((sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4)) as i32;
+            m[j] = ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)) as i32;
+        }
+    }
+    (s, m)
+}
+
+/// The q8_K block's sixteen sums.
+#[inline(always)]
+fn bsums(xb: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|i| i16::from_le_bytes([xb[260 + 2 * i], xb[261 + 2 * i]]) as i32)
+}
+
+/// The four pairs of sub-blocks' `min · bsums` terms of one block against one q8_K block.
+#[inline(always)]
+fn min_pairs(m: &[i32; 8], xb: &[u8]) -> [i32; 4] {
+    let bs = bsums(xb);
+    std::array::from_fn(|h| {
+        m[2 * h] * (bs[4 * h] + bs[4 * h + 1]) + m[2 * h + 1] * (bs[4 * h + 2] + bs[4 * h + 3])
+    })
+}
+
+/// The four pairs of sub-blocks' `scale · Σ q·x` of one q4_K block against one q8_K block,
+/// element by element (sub-block 2h is the low nibbles of bytes 32h..32h+32, 2h+1 their high
+/// nibbles).
+#[inline(always)]
+fn dot_pairs_scalar(s: &[i32; 8], wb: &[u8], xb: &[u8]) -> [i32; 4] {
+    let (qs, xq) = (&wb[16..144], &xb[4..260]);
+    std::array::from_fn(|h| {
+        let (mut lo, mut hi) = (0i32, 0i32);
+        for l in 0..32 {
+            let q = qs[32 * h + l];
+            lo += (q & 0x0F) as i32 * (xq[64 * h + l] as i8) as i32;
+            hi += (q >> 4) as i32 * (xq[64 * h + 32 + l] as i8) as i32;
+        }
+        s[2 * h] * lo + s[2 * h + 1] * hi
+    })
+}
+
+/// One block's steps into `(acc, accm)`: four (`quad`) or one.
+#[inline(always)]
+fn steps(
+    acc: &mut f32,
+    accm: &mut f32,
+    wb: &[u8],
+    xb: &[u8],
+    dots: [i32; 4],
+    mins: [i32; 4],
+    quad: bool,
+) {
+    let dx = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+    let d = f16_to_f32(u16::from_le_bytes([wb[0], wb[1]])) * dx;
+    let dmin = f16_to_f32(u16::from_le_bytes([wb[2], wb[3]])) * dx;
+    if quad {
+        for h in 0..4 {
+            *acc = (dots[h] as f32).mul_add(d, *acc);
+            *accm = (mins[h] as f32).mul_add(dmin, *accm);
+        }
+    } else {
+        *acc = (dots.iter().sum::<i32>() as f32).mul_add(d, *acc);
+        *accm = (mins.iter().sum::<i32>() as f32).mul_add(dmin, *accm);
+    }
+}
+
+/// The reference: one plain q4_K row (`k / 256` blocks) against one q8_K activation row, with
+/// the rounding of ggml's four-column repack kernel (`quad`) or of its one-column kernel (see
+/// the module's documentation).
+pub fn vec_dot_ref(w: &[u8], x: &[u8], k: usize, quad: bool) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (wb, xb) in w
+        .chunks_exact(BLOCK)
+        .zip(x.chunks_exact(QBLOCK))
+        .take(k / 256)
+    {
+        let (s, m) = scales_mins(&wb[4..16]);
+        let dots = dot_pairs_scalar(&s, wb, xb);
+        steps(&mut acc, &mut accm, wb, xb, dots, min_pairs(&m, xb), quad);
+    }
+    acc - accm
+}
+
+fn check(g: &[u8], x: &[&[u8]], k: usize, what: &str) {
+    let nb = k / 256;
+    assert!(
+        k.is_multiple_of(256)
+            && g.len() >= 8 * nb * BLOCK
+            && x.iter().all(|x| x.len() >= nb * QBLOCK),
+        "repack q4_K {what}: k={k}, eight rows in {} bytes, activations of {:?} bytes",
+        g.len(),
+        x.iter().map(|x| x.len()).collect::<Vec<_>>()
+    );
+}
+
+/// Eight plain q4_K rows (`g`, `8 × k / 256` blocks, row after row) against `C` q8_K
+/// activation rows, in scalar code: `out[c][r]` as [`vec_dot_ref`] gives it with rounding
+/// `quad`.
+fn rows8_scalar<const C: usize>(g: &[u8], x: [&[u8]; C], k: usize, quad: bool) -> [[f32; 8]; C] {
+    let row = k / 256 * BLOCK;
+    let mut out = [[0f32; 8]; C];
+    for r in 0..8 {
+        for c in 0..C {
+            out[c][r] = vec_dot_ref(&g[r * row..(r + 1) * row], x[c], k, quad);
+        }
+    }
+    out
+}
+
+/// Whether the AVX2 kernels run for `isa`.
+fn simd(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa != Isa::Scalar && super::qdot::avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Eight plain q4_K rows against one activation row, with the one-column rounding (ggml's
+/// `gemv`: mat-vec, and the columns after the last whole four).
+pub fn vec_dot8(isa: Isa, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    check(g, &[x], k, "vec_dot8");
+    #[cfg(target_arch = "x86_64")]
+    if simd(isa) {
+        // SAFETY: the CPU has AVX2, FMA and F16C (`simd`); g holds eight rows of k / 256
+        // blocks and x k / 256 q8_K blocks (checked).
+        return unsafe { avx2::gemv8(g.as_ptr(), k / 256 * BLOCK, x.as_ptr(), k / 256) };
+    }
+    let _ = isa;
+    rows8_scalar::<1>(g, [x], k, false)[0]
+}
+
+/// Eight plain q4_K rows against four activation rows, with the four-column rounding (ggml's
+/// `gemm`): `out[c][r]`.
+pub fn vec_dot8x4(isa: Isa, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
+    check(g, &x, k, "vec_dot8x4");
+    #[cfg(target_arch = "x86_64")]
+    if simd(isa) {
+        // SAFETY: as in `vec_dot8`, for each of the four activation rows.
+        return unsafe {
+            avx2::gemm8x4(g.as_ptr(), k / 256 * BLOCK, x.map(|x| x.as_ptr()), k / 256)
+        };
+    }
+    let _ = isa;
+    rows8_scalar::<4>(g, x, k, true)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, QBLOCK};
+
+    /// The q8_K block's sixteen sums added in pairs (one per sub-block; each at most
+    /// 2·16·127 in magnitude, so exact in i16).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `xb` points at a whole q8_K block.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bsum_pairs(xb: *const u8) -> __m128i {
+        // SAFETY: the block's 32 bytes of sums (caller).
+        let s = unsafe { _mm256_loadu_si256(xb.add(260) as *const __m256i) };
+        _mm_hadd_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
+    }
+
+    /// A block's eight six-bit scales and eight mins (ggml's q4_K unpacking with 32-bit
+    /// masks, as its `vec_dot_q4_K_q8_K`), each as i16x8; the scales also in both 128-bit
+    /// lanes of a 256-bit vector, for [`scale`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `wb` points at a whole q4_K block.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scales_mins16(wb: *const u8) -> (__m256i, __m128i) {
+        // SAFETY: the block's 12 scale bytes (caller).
+        let [u0, u1, u2] =
+            [4, 8, 12].map(|o| unsafe { (wb.add(o) as *const u32).read_unaligned() });
+        let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let scales = (u0 & k1) as u64 | (((u2 & k2) | (((u0 >> 6) & k3) << 4)) as u64) << 32;
+        let mins = (u1 & k1) as u64 | ((((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) as u64) << 32;
+        let s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales as i64));
+        (
+            _mm256_broadcastsi128_si256(s16),
+            _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64)),
+        )
+    }
+
+    /// Scale `j` (0..8) of [`scales_mins16`]'s vector in every i16 lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn scale(s: __m256i, j: usize) -> __m256i {
+        _mm256_shuffle_epi8(s, _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16))
+    }
+
+    /// The f16 pair (`d`, `dmin`) at the head of a block as f32 lanes 0 and 1.
+    ///
+    /// # Safety
+    /// The CPU has F16C; `wb` points at a whole q4_K block.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn d_dmin(wb: *const u8) -> __m128 {
+        // SAFETY: the block's first four bytes (caller).
+        _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+            (wb as *const i32).read_unaligned()
+        }))
+    }
+
+    /// One sub-block pair's `scale · Σ q·x` partial sums in eight i32 lanes: the low nibbles
+    /// `lo` against `xl` times scale `sl`, the high ones against `xh` times `sh`
+    /// (`vpmaddubsw`: nibble × byte pairs at most 2·15·127, no saturation; `vpmaddwd` by the
+    /// scale, < 64: exact).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pair(
+        lo: __m256i,
+        hi: __m256i,
+        xl: __m256i,
+        xh: __m256i,
+        sl: __m256i,
+        sh: __m256i,
+    ) -> __m256i {
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), sl),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), sh),
+        )
+    }
+
+    /// The sums of four vectors' eight lanes each, as four lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum4(v0: __m256i, v1: __m256i, v2: __m256i, v3: __m256i) -> __m128i {
+        let ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+        _mm_add_epi32(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1))
+    }
+
+    /// A row's `min · bsums` sums of the four sub-block pairs against four columns (`bp`:
+    /// their [`bsum_pairs`]), as one vector per pair with the four columns in its lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn min_pairs4(mins: __m128i, bp: [__m128i; 4]) -> [__m128i; 4] {
+        // per column [pair 0..4], transposed to per pair [column 0..4]
+        let mc = bp.map(|bp| _mm_madd_epi16(mins, bp));
+        let t0 = _mm_unpacklo_epi32(mc[0], mc[1]);
+        let t1 = _mm_unpacklo_epi32(mc[2], mc[3]);
+        let t2 = _mm_unpackhi_epi32(mc[0], mc[1]);
+        let t3 = _mm_unpackhi_epi32(mc[2], mc[3]);
+        [
+            _mm_unpacklo_epi64(t0, t1),
+            _mm_unpackhi_epi64(t0, t1),
+            _mm_unpacklo_epi64(t2, t3),
+            _mm_unpackhi_epi64(t2, t3),
+        ]
+    }
+
+    /// The four sub-block pairs' nibbles of a block: (low, high) per pair.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `wb` points at a whole q4_K block.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(wb: *const u8) -> [(__m256i, __m256i); 4] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        std::array::from_fn(|h| {
+            // SAFETY: inside the block's 128 nibble bytes (caller).
+            let q = unsafe { _mm256_loadu_si256(wb.add(16 + 32 * h) as *const __m256i) };
+            (
+                _mm256_and_si256(q, m4),
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+            )
+        })
+    }
+
+    /// [`super::vec_dot8`] on AVX2, ggml's one-column rounding, the eight rows in the eight
+    /// lanes: per block each row's integer sums (the column's activations loaded once for
+    /// the eight rows), gathered into one vector by a tree of `vphaddd`, converted, and one
+    /// FMA into `acc` with the rows' `d · dx`; the same for the mins into `accm`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `g` points at eight rows of `row` bytes (`nb` blocks
+    /// each), `x` at `nb` q8_K blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemv8(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+        let mut acc = _mm256_setzero_ps();
+        let mut accm = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY: block b of the eight rows and of x are readable (caller).
+            unsafe {
+                let xb = x.add(b * QBLOCK);
+                let dx = _mm256_set1_ps((xb as *const f32).read_unaligned());
+                let xv: [__m256i; 8] = std::array::from_fn(|i| {
+                    _mm256_loadu_si256(xb.add(4 + 32 * i) as *const __m256i)
+                });
+                let bp = bsum_pairs(xb);
+                let mut tot = [_mm256_setzero_si256(); 8];
+                let mut mn = [_mm_setzero_si128(); 8];
+                let mut heads = [0u32; 8];
+                for r in 0..8 {
+                    let wb = g.add(r * row + b * BLOCK);
+                    // eight rows are eight streams: each row's lines PREFETCH bytes ahead
+                    for line in [0, 64] {
+                        _mm_prefetch(
+                            wb.wrapping_add(super::super::qgemv_0::PREFETCH + line) as *const i8,
+                            _MM_HINT_T0,
+                        );
+                    }
+                    let (s, m) = scales_mins16(wb);
+                    let q = nibbles(wb);
+                    let mut v = _mm256_setzero_si256();
+                    for (h, &(lo, hi)) in q.iter().enumerate() {
+                        let (sl, sh) = (scale(s, 2 * h), scale(s, 2 * h + 1));
+                        v = _mm256_add_epi32(v, pair(lo, hi, xv[2 * h], xv[2 * h + 1], sl, sh));
+                    }
+                    tot[r] = v;
+                    mn[r] = _mm_madd_epi16(m, bp);
+                    heads[r] = (wb as *const u32).read_unaligned();
+                }
+                // the eight (d, dmin) f16 pairs: d from the low halves, dmin from the high
+                let hv = _mm256_loadu_si256(heads.as_ptr() as *const __m256i);
+                let lo16 = _mm256_and_si256(hv, _mm256_set1_epi32(0xffff));
+                let hi16 = _mm256_srli_epi32(hv, 16);
+                let packed = _mm256_packus_epi32(lo16, hi16); // d0-3 dm0-3 | d4-7 dm4-7
+                let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00); // d0-7 | dm0-7
+                let d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+                let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
+                let isum = _mm256_set_m128i(
+                    sum4(tot[4], tot[5], tot[6], tot[7]),
+                    sum4(tot[0], tot[1], tot[2], tot[3]),
+                );
+                let msum = _mm256_set_m128i(
+                    _mm_hadd_epi32(_mm_hadd_epi32(mn[4], mn[5]), _mm_hadd_epi32(mn[6], mn[7])),
+                    _mm_hadd_epi32(_mm_hadd_epi32(mn[0], mn[1]), _mm_hadd_epi32(mn[2], mn[3])),
+                );
+                let dd = _mm256_mul_ps(d, dx);
+                let dm = _mm256_mul_ps(dmin, dx);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dm, accm);
+            }
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: out is eight f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+        out
+    }
+
+    /// [`super::vec_dot8x4`] on AVX2, ggml's four-column rounding, the four columns in four
+    /// lanes: per row and block the nibbles unpacked once, each column's four pair sums by
+    /// `sum4` per pair (so pair h of the four columns in one vector), the mins' pair sums
+    /// transposed likewise, and per pair one FMA into `acc` and one into `accm`.
+    ///
+    /// # Safety
+    /// As for [`gemv8`], with four activation rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm8x4(g: *const u8, row: usize, x: [*const u8; 4], nb: usize) -> [[f32; 8]; 4] {
+        let mut acc = [_mm_setzero_ps(); 8];
+        let mut accm = [_mm_setzero_ps(); 8];
+        for b in 0..nb {
+            // SAFETY: block b of every row and of every x are readable (caller).
+            unsafe {
+                let xb = x.map(|x| x.add(b * QBLOCK));
+                let dx = _mm_setr_ps(
+                    (xb[0] as *const f32).read_unaligned(),
+                    (xb[1] as *const f32).read_unaligned(),
+                    (xb[2] as *const f32).read_unaligned(),
+                    (xb[3] as *const f32).read_unaligned(),
+                );
+                // the columns' bsum pairs, once for the eight rows
+                let bp = xb.map(|xb| bsum_pairs(xb));
+                for r in 0..8 {
+                    let wb = g.add(r * row + b * BLOCK);
+                    let (s, mins) = scales_mins16(wb);
+                    let q = nibbles(wb);
+                    let hd = d_dmin(wb);
+                    let dd = _mm_mul_ps(_mm_shuffle_ps(hd, hd, 0b00_00_00_00), dx);
+                    let dm = _mm_mul_ps(_mm_shuffle_ps(hd, hd, 0b01_01_01_01), dx);
+                    let mut v = [[_mm256_setzero_si256(); 4]; 4];
+                    for (h, &(lo, hi)) in q.iter().enumerate() {
+                        let (sl, sh) = (scale(s, 2 * h), scale(s, 2 * h + 1));
+                        for c in 0..4 {
+                            let xl = _mm256_loadu_si256(xb[c].add(4 + 64 * h) as *const __m256i);
+                            let xh =
+                                _mm256_loadu_si256(xb[c].add(4 + 64 * h + 32) as *const __m256i);
+                            v[h][c] = pair(lo, hi, xl, xh, sl, sh);
+                        }
+                    }
+                    let mp = min_pairs4(mins, bp);
+                    for h in 0..4 {
+                        let p = sum4(v[h][0], v[h][1], v[h][2], v[h][3]);
+                        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(p), dd, acc[r]);
+                        accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mp[h]), dm, accm[r]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; 8]; 4];
+        for r in 0..8 {
+            let mut o = [0f32; 4];
+            // SAFETY: o is four f32.
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc[r], accm[r])) };
+            for c in 0..4 {
+                out[c][r] = o[c];
+            }
+        }
+        out
+    }
+}
