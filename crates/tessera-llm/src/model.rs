@@ -111,6 +111,9 @@ pub struct Model {
     /// Whether interleaved q4_0 and iq4_nl weights take ggml's repack arithmetic
     /// ([`Model::with_repacked_rows`]).
     repacked: bool,
+    /// The q4_K weights that take ggml's repack arithmetic on their mapped rows
+    /// ([`Model::with_repacked_rows`]), by name.
+    repacked_plain: std::collections::HashSet<String>,
 }
 
 fn get_u(f: &GgufFile, key: &str) -> Result<usize> {
@@ -228,6 +231,7 @@ impl Model {
             interleaved: HashMap::new(),
             small: HashMap::new(),
             repacked: false,
+            repacked_plain: Default::default(),
         };
         m.check_tensors()?;
         Ok(m)
@@ -255,16 +259,30 @@ impl Model {
         self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
     }
 
-    /// Copies the q4_0 and iq4_nl weights that llama.cpp's CPU backend repacks on x86 (2-D
-    /// matrices of whole groups of eight rows read by `mul_mat`; not the embedding table, nor
-    /// the output matrix when it is that table) into interleaved rows, on any CPU, and has
-    /// their products computed with the arithmetic of ggml's repack kernels
-    /// (`tessera::RowLayout::Repacked8`): the results of llama.cpp's default on x86 rather
-    /// than of its `--no-repack`, which is what the plain rows give. Other weights are as
-    /// before (interleaved q4_1 too, if chosen).
+    /// Has the weights that llama.cpp's CPU backend repacks on x86 (q4_0, iq4_nl and q4_K
+    /// 2-D matrices of whole groups of eight rows read by `mul_mat`; not the embedding table,
+    /// nor the output matrix when it is that table) computed with the arithmetic of ggml's
+    /// repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the results of
+    /// llama.cpp's default on x86 rather than of its `--no-repack`, which is what the plain
+    /// rows give. The q4_0 and iq4_nl ones are copied into interleaved rows; the q4_K ones
+    /// stay mapped. Other weights are as before (interleaved q4_1 too, if chosen).
     pub fn with_repacked_rows(self) -> Result<Model> {
-        let mut m = self.with_interleaved_rows_where(tessera::layout::repack_numerics)?;
+        let mut m = self.with_interleaved_rows_where(|t| {
+            tessera::layout::repack_numerics(t) && tessera::layout::interleave_head(t).is_some()
+        })?;
         m.repacked = true;
+        m.repacked_plain = m
+            .file
+            .tensors
+            .iter()
+            .filter(|t| {
+                t.dtype == DType::Q4K
+                    && t.n_dims == 2
+                    && t.ne[1].is_multiple_of(8)
+                    && !t.name.contains("_embd")
+            })
+            .map(|t| t.name.clone())
+            .collect();
         Ok(m)
     }
 
@@ -322,6 +340,9 @@ impl Model {
 
     /// How a graph should lay out weight `name` read by `mul_mat` alone.
     pub fn layout_for_mul_mat(&self, name: &str) -> RowLayout {
+        if self.repacked_plain.contains(name) {
+            return RowLayout::Repacked8;
+        }
         if let Some(t) = self.interleaved.get(name).and(self.file.tensor(name)) {
             if self.repacked && tessera::layout::repack_numerics(t.dtype) {
                 RowLayout::Repacked8
@@ -344,7 +365,11 @@ impl Model {
     /// The memory of weight leaf `name` laid out as `layout`: the interleaved copy, or (plain)
     /// as [`Model::weight_buffer`] gives it.
     pub fn weight_buffer_as(&self, name: &str, layout: RowLayout) -> Result<tessera::Buffer> {
-        if layout == RowLayout::Plain {
+        if !self
+            .tensor(name)
+            .is_ok_and(|t| tessera::layout::reorders(layout, t.dtype))
+        {
+            // ggml's rows (q4_K with the repack arithmetic too): the mapped bytes
             return self.weight_buffer(name);
         }
         let b = self
