@@ -402,8 +402,9 @@ fn quantized(t: DType, v: &[f32]) -> Vec<u8> {
 }
 
 /// Random rows and adversarial ones (extreme and special f16 scales, six-bit scales and mins
-/// at 63, nibbles at 0 and 15, activations at ±127): each ISA's eight-row kernels give, row by
-/// row and column by column, what the definition gives with their rounding.
+/// at 63, nibbles at 0 and 15, activations at ±127): each ISA's eight-row kernels (and the
+/// mat-mat kernel on the rearranged rows) give, row by row and column by column, what the
+/// definition gives with their rounding.
 #[test]
 fn q4_k_kernels_equal_the_definition() {
     let mut rng = Rng::new(0x4b5e_ed01);
@@ -457,12 +458,20 @@ fn q4_k_kernels_equal_the_definition() {
             .collect();
         assert_eq!(xs[0].len(), k / 256 * rk::QBLOCK);
         for isa in isas() {
-            let four = rk::vec_dot8x4(isa, &g, std::array::from_fn(|c| &xs[c][..]), k);
+            let xs4: [&[u8]; 4] = std::array::from_fn(|c| &xs[c][..]);
+            let four = rk::vec_dot8x4(isa, &g, xs4, k);
+            // the mat-mat kernel on the rows rearranged one a lane, where it runs
+            let transposed = rk::has_transposed_kernel(isa).then(|| {
+                let mut t = vec![0u8; rk::transposed_bytes(k)];
+                rk::transpose8(&g, k, &mut t);
+                rk::vec_dot8x4_transposed(isa, &t, xs4, k)
+            });
             for (c, x) in xs.iter().enumerate() {
                 let one = rk::vec_dot8(isa, &g, x, k);
                 for r in 0..8 {
                     let w = &g[r * row..(r + 1) * row];
-                    for (got, quad) in [(one[r], false), (four[c][r], true)] {
+                    let t = transposed.map(|t| (t[c][r], true));
+                    for (got, quad) in [(one[r], false), (four[c][r], true)].into_iter().chain(t) {
                         let want = rk::vec_dot_ref(w, x, k, quad);
                         assert_eq!(
                             got.to_bits(),

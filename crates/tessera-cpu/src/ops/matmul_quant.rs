@@ -197,7 +197,13 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         // a group for the group loop; for the packed paths a chunk of plain rows after their
         // own scratch
         let row = a.dtype.row_size(k).unwrap_or(0);
-        (per_thread.next_multiple_of(64) + ROWS_PER_TAKE * row).max(8 * row)
+        // (repacked q4_K: the group rearranged for `qgemv_repack_k`'s mat-mat kernel)
+        let group = if repacked(a) && a.dtype == DType::Q4K {
+            super::qgemv_repack_k::transposed_bytes(k).max(8 * row)
+        } else {
+            8 * row
+        };
+        (per_thread.next_multiple_of(64) + ROWS_PER_TAKE * row).max(group)
     } else {
         per_thread
     };
@@ -476,7 +482,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             unsafe {
                 let scratch = std::slice::from_raw_parts_mut(
                     ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
-                    8 * row_bytes,
+                    l.per_thread,
                 );
                 let mut rows = rows;
                 if n == 1 && repacked(a) && super::qgemv_repack::has_four_group_kernel(ctx.isa) {
@@ -524,9 +530,22 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         } else {
                             0
                         };
+                    // repacked q4_K: the group rearranged once for all its quads, one row a
+                    // lane (`qgemv_repack_k::transpose8`; the same bits)
+                    let transposed = quads > 0
+                        && repacked(a)
+                        && a.dtype == DType::Q4K
+                        && super::qgemv_repack_k::has_transposed_kernel(ctx.isa);
+                    if transposed {
+                        super::qgemv_repack_k::transpose8(g, k, scratch);
+                    }
                     for j4 in 0..quads {
                         let xs: [&[u8]; 4] = std::array::from_fn(|c| qcol(4 * j4 + c));
-                        let v = super::qgemv_repack::vec_dot8x4(ctx.isa, a.dtype, g, xs, k);
+                        let v = if transposed {
+                            super::qgemv_repack_k::vec_dot8x4_transposed(ctx.isa, scratch, xs, k)
+                        } else {
+                            super::qgemv_repack::vec_dot8x4(ctx.isa, a.dtype, g, xs, k)
+                        };
                         for (c, col) in v.iter().enumerate() {
                             for (i, &y) in col.iter().enumerate() {
                                 *(ctx.dst.add(d_off + (4 * j4 + c) * d.nb[1] + (r0 + i) * 4)

@@ -30,10 +30,13 @@
 //! activations loaded once per block for the eight rows, each row's integer sum by a tree of
 //! `vphaddd`, one FMA per block for the eight), `vec_dot8x4` with the four columns in the
 //! lanes (the nibbles unpacked once per row and block, the columns' sums per pair by
-//! `vphaddd` trees). Unlike ggml's repacked bytes, plain rows leave a horizontal sum per row
-//! and column: mat-mat runs at about 0.9× ggml's AVX2 kernels and 0.65× its AVX-512 ones
-//! (README); a version with two columns to a 512-bit vector measured no faster, so it was
-//! not kept. Tests: `tests/qgemv_repack.rs` (ggml's own results, and the kernels against
+//! `vphaddd` trees). A mat-mat takes [`transpose8`] and [`vec_dot8x4_transposed`] instead:
+//! the group's bytes rearranged once for all its columns, one row a lane as in ggml's
+//! `block_q4_Kx8`, so that `vpmaddwd` by the rows' scales (with AVX-512 VNNI: `vpdpbusd`,
+//! then `vpmulld`) leaves each row's exact integer in its lane and nothing is summed across
+//! lanes (mat-mat, 512 columns, one thread: 75-80 GFLOP/s with `vec_dot8x4`, 128-134 on
+//! AVX2 and 186-193 with VNNI this way; README).
+//! Tests: `tests/qgemv_repack.rs` (ggml's own results, and the kernels against
 //! [`vec_dot_ref`]).
 
 use tessera_quants::f16_to_f32;
@@ -201,6 +204,92 @@ pub fn vec_dot8x4(isa: Isa, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] 
     }
     let _ = isa;
     rows8_scalar::<4>(g, x, k, true)
+}
+
+/// Bytes of one block of eight rows in [`transpose8`]'s layout: the rows' `d` and `dmin` as
+/// f32 (64), per sub-block the rows' scales as i16 pairs (256), per sub-block pair the rows'
+/// two mins as i16 pairs (128), per sub-block pair and four-byte chunk the eight rows' four
+/// nibble bytes (1024).
+pub const TBLOCK: usize = 1472;
+
+/// Bytes [`transpose8`] writes for rows of `k` weights.
+pub fn transposed_bytes(k: usize) -> usize {
+    k / 256 * TBLOCK
+}
+
+/// Whether [`vec_dot8x4_transposed`] runs here (AVX2); else the caller keeps
+/// [`vec_dot8x4`].
+pub fn has_transposed_kernel(isa: Isa) -> bool {
+    simd(isa)
+}
+
+/// Eight plain q4_K rows (`g`, `8 × k / 256` blocks) rearranged for
+/// [`vec_dot8x4_transposed`], which keeps one row per lane, as ggml's `block_q4_Kx8`
+/// kernels do (see [`TBLOCK`]); a mat-mat does it once per group for all its columns.
+pub fn transpose8(g: &[u8], k: usize, out: &mut [u8]) {
+    let nb = k / 256;
+    let row = nb * BLOCK;
+    assert!(
+        k.is_multiple_of(256) && g.len() >= 8 * row && out.len() >= nb * TBLOCK,
+        "repack q4_K transpose8: k={k}, {} bytes of rows, room for {}",
+        g.len(),
+        out.len()
+    );
+    for b in 0..nb {
+        let o = &mut out[b * TBLOCK..(b + 1) * TBLOCK];
+        for r in 0..8 {
+            let wb = &g[r * row + b * BLOCK..r * row + (b + 1) * BLOCK];
+            let d = f16_to_f32(u16::from_le_bytes([wb[0], wb[1]]));
+            let dmin = f16_to_f32(u16::from_le_bytes([wb[2], wb[3]]));
+            o[4 * r..4 * r + 4].copy_from_slice(&d.to_le_bytes());
+            o[32 + 4 * r..36 + 4 * r].copy_from_slice(&dmin.to_le_bytes());
+            let (sc, mn) = scales_mins(&wb[4..16]);
+            for (sb, &v) in sc.iter().enumerate() {
+                let at = 64 + 32 * sb + 4 * r;
+                o[at..at + 2].copy_from_slice(&(v as i16).to_le_bytes());
+                o[at + 2..at + 4].copy_from_slice(&(v as i16).to_le_bytes());
+            }
+            for h in 0..4 {
+                let at = 320 + 32 * h + 4 * r;
+                o[at..at + 2].copy_from_slice(&(mn[2 * h] as i16).to_le_bytes());
+                o[at + 2..at + 4].copy_from_slice(&(mn[2 * h + 1] as i16).to_le_bytes());
+            }
+            for h in 0..4 {
+                for j in 0..8 {
+                    let at = 448 + 256 * h + 32 * j + 4 * r;
+                    o[at..at + 4].copy_from_slice(&wb[16 + 32 * h + 4 * j..20 + 32 * h + 4 * j]);
+                }
+            }
+        }
+    }
+}
+
+/// [`vec_dot8x4`] from eight rows in [`transpose8`]'s layout (`t`), the same bits: each
+/// (row, column) result with ggml's four-column rounding.
+pub fn vec_dot8x4_transposed(isa: Isa, t: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
+    let nb = k / 256;
+    assert!(
+        has_transposed_kernel(isa)
+            && k.is_multiple_of(256)
+            && t.len() >= nb * TBLOCK
+            && x.iter().all(|x| x.len() >= nb * QBLOCK),
+        "repack q4_K vec_dot8x4_transposed: {isa:?}, k={k}, {} transposed bytes",
+        t.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has AVX2, FMA and F16C (`has_transposed_kernel`), AVX-512 F/BW/VL and
+    // VNNI where `uses_vnni` says so; t holds nb transposed blocks and every x nb q8_K blocks
+    // (asserted above).
+    return unsafe {
+        let (t, x) = (t.as_ptr(), x.map(|x| x.as_ptr()));
+        if super::qdot::avx2::uses_vnni(isa) {
+            avx2::gemm_transposed_vnni(t, x, nb)
+        } else {
+            avx2::gemm_transposed(t, x, nb)
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no transposed kernel off x86")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -458,6 +547,134 @@ mod avx2 {
             for c in 0..4 {
                 out[c][r] = o[c];
             }
+        }
+        out
+    }
+
+    /// [`super::vec_dot8x4_transposed`] on AVX2: the eight rows in the lanes. Per block,
+    /// sub-block pair and column: for each of the eight four-byte chunks the nibbles of the
+    /// eight rows (one 32-byte load; low nibbles sub-block 2h, high 2h + 1) against the
+    /// column's four bytes broadcast, `vpmaddubsw` into i16 per row (at most 16 products of
+    /// 15·127 a lane: exact) and `vpmaddwd` by the rows' scales, which leaves each row's exact
+    /// integer in its lane, so nothing is summed across lanes; the mins likewise by one
+    /// `vpmaddwd` of the rows' min pairs and the column's two bsum pairs. Two columns a pass
+    /// (AVX2's sixteen registers).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `t` points at `nb` blocks of `super::transpose8`'s
+    /// layout, every `x` at `nb` q8_K blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm_transposed(t: *const u8, x: [*const u8; 4], nb: usize) -> [[f32; 8]; 4] {
+        // SAFETY: forwarded.
+        unsafe { gemm_transposed_in::<0, 2>(t, x, nb) }
+    }
+
+    /// [`gemm_transposed`] with AVX-512 VNNI: one `vpdpbusd` per chunk and column sums the
+    /// row's four products into its i32 lane (the same integers), then `vpmulld` by the
+    /// rows' scales; four columns a pass (32 registers).
+    ///
+    /// # Safety
+    /// As for [`gemm_transposed`], and the CPU has AVX-512 F/BW/VL and VNNI.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn gemm_transposed_vnni(
+        t: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [[f32; 8]; 4] {
+        // SAFETY: forwarded.
+        unsafe { gemm_transposed_in::<1, 4>(t, x, nb) }
+    }
+
+    /// The body of both: `V` 0 (AVX2) or 1 (AVX-512 VNNI), `CP` columns a pass (2 or 4).
+    #[inline(always)]
+    unsafe fn gemm_transposed_in<const V: u8, const CP: usize>(
+        t: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [[f32; 8]; 4] {
+        use super::super::qdot::avx2::dpbusd;
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut accm = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            // SAFETY: block b of t and of every x are readable (caller); V = 1 only in the
+            // function compiled for AVX-512 VNNI.
+            unsafe {
+                let tb = t.add(b * super::TBLOCK);
+                let xb = x.map(|x| x.add(b * QBLOCK));
+                let d = _mm256_loadu_ps(tb as *const f32);
+                let dmin = _mm256_loadu_ps(tb.add(32) as *const f32);
+                // each column's bsum pairs, as four i32 of two i16 (pairs 2h, 2h + 1)
+                // (column c's pair h at 4c + h)
+                let mut bp = [0i32; 16];
+                for (bp, &xb) in bp.chunks_exact_mut(4).zip(&xb) {
+                    _mm_storeu_si128(bp.as_mut_ptr() as *mut __m128i, bsum_pairs(xb));
+                }
+                for h in 0..4 {
+                    let scl = _mm256_loadu_si256(tb.add(64 + 64 * h) as *const __m256i);
+                    let sch = _mm256_loadu_si256(tb.add(96 + 64 * h) as *const __m256i);
+                    let mins = _mm256_loadu_si256(tb.add(320 + 32 * h) as *const __m256i);
+                    let q = tb.add(448 + 256 * h);
+                    for c0 in (0..4).step_by(CP) {
+                        // per column of the pass: low-nibble and high-nibble sums (i16 pairs
+                        // per row on AVX2, i32 per row with VNNI)
+                        let mut s = [[_mm256_setzero_si256(); 2]; CP];
+                        for j in 0..8 {
+                            let v = _mm256_loadu_si256(q.add(32 * j) as *const __m256i);
+                            let lo = _mm256_and_si256(v, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                            for (i, s) in s.iter_mut().enumerate() {
+                                let at = |off: usize| {
+                                    _mm256_set1_epi32(
+                                        (xb[c0 + i].add(4 + 64 * h + off + 4 * j) as *const i32)
+                                            .read_unaligned(),
+                                    )
+                                };
+                                if V != 0 {
+                                    s[0] = dpbusd::<V>(s[0], lo, at(0));
+                                    s[1] = dpbusd::<V>(s[1], hi, at(32));
+                                } else {
+                                    s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(lo, at(0)));
+                                    s[1] = _mm256_add_epi16(s[1], _mm256_maddubs_epi16(hi, at(32)));
+                                }
+                            }
+                        }
+                        for (i, s) in s.iter().enumerate() {
+                            let c = c0 + i;
+                            let isum = if V != 0 {
+                                // the scale pairs' low halves: each row's scale as i32
+                                let low = _mm256_set1_epi32(0xffff);
+                                _mm256_add_epi32(
+                                    _mm256_mullo_epi32(s[0], _mm256_and_si256(scl, low)),
+                                    _mm256_mullo_epi32(s[1], _mm256_and_si256(sch, low)),
+                                )
+                            } else {
+                                _mm256_add_epi32(
+                                    _mm256_madd_epi16(s[0], scl),
+                                    _mm256_madd_epi16(s[1], sch),
+                                )
+                            };
+                            let dx = _mm256_set1_ps((xb[c] as *const f32).read_unaligned());
+                            acc[c] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(isum),
+                                _mm256_mul_ps(d, dx),
+                                acc[c],
+                            );
+                            let m = _mm256_madd_epi16(mins, _mm256_set1_epi32(bp[4 * c + h]));
+                            accm[c] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(m),
+                                _mm256_mul_ps(dmin, dx),
+                                accm[c],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; 8]; 4];
+        for c in 0..4 {
+            // SAFETY: out[c] is eight f32.
+            unsafe { _mm256_storeu_ps(out[c].as_mut_ptr(), _mm256_sub_ps(acc[c], accm[c])) };
         }
         out
     }
