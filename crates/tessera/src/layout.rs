@@ -21,10 +21,9 @@
 //! of the two blocks' f16 scales (exact in f32), by one fused multiply-add into an f32
 //! accumulator that starts at zero; the result is that accumulator, whatever the column count
 //! or thread count. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
-//! bytes: ggml's q4_K repack arithmetic needs no other order for its speed here, and the
-//! weights stay mapped. Its rounding depends on the column: ggml's four-column kernel adds
-//! one FMA per 64 weights, its one-column kernel one per 256 (see `qgemv_repack` in
-//! `tessera-cpu`).
+//! bytes, so the weights stay mapped (the mat-mat kernel rearranges each group of eight rows
+//! on the way). Its rounding depends on the column: ggml's four-column kernel adds one FMA
+//! per 64 weights, its one-column kernel one per 256 (see `qgemv_repack_k` in `tessera-cpu`).
 //!
 //! A graph sets either on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
 //! refuses it unless every reader of the leaf is a `mul_mat` taking it as its first operand,
