@@ -54,6 +54,7 @@ pub const QBLOCK: usize = 292;
 /// 14.2-14.5 / 28.2-28.5, 128 15.1-16.1 / 29.4-31.3, 192 17.5-18.2 / 35.1-36.3, 256 17.0-18.0
 /// / 34.6-35.8, 384 16.7-16.9 / 33.6-33.8, 512 16.1-16.6 / 32.8-33.7 (into L2 instead: 16.8-17.5
 /// at 256, 16.1-16.5 at 512, worse further ahead); none: 13.7.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 192;
 
 /// The eight sub-blocks' six-bit scales and mins of a q4_K block's 12 scale bytes (ggml's
