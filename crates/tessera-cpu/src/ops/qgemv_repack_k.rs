@@ -23,19 +23,20 @@
 //! scales, up to a common sign where a row's largest magnitude appears with both signs, which
 //! changes no product).
 //!
-//! [`vec_dot_ref`] is that definition on one row and one column; [`vec_dot8`] (one-column
-//! rounding) and [`vec_dot8x4`] (four-column rounding) compute it for eight plain rows, on
-//! AVX2 (also where AVX-512 is chosen) with `vpmaddubsw`/`vpmaddwd` per pair of sub-blocks,
-//! elsewhere in scalar code: `vec_dot8` with the eight rows in the lanes (the column's
-//! activations loaded once per block for the eight rows, each row's integer sum by a tree of
-//! `vphaddd`, one FMA per block for the eight), `vec_dot8x4` with the four columns in the
-//! lanes (the nibbles unpacked once per row and block, the columns' sums per pair by
-//! `vphaddd` trees). A mat-mat takes [`transpose8`] and [`vec_dot8x4_transposed`] instead:
-//! the group's bytes rearranged once for all its columns, one row a lane as in ggml's
-//! `block_q4_Kx8`, so that `vpmaddwd` by the rows' scales (with AVX-512 VNNI: `vpdpbusd`,
-//! then `vpmulld`) leaves each row's exact integer in its lane and nothing is summed across
-//! lanes (mat-mat, 512 columns, one thread: 75-80 GFLOP/s with `vec_dot8x4`, 128-134 on
-//! AVX2 and 186-193 with VNNI this way; README).
+//! [`vec_dot_ref`] is that definition on one row and one column, and the scalar code where
+//! x86's vector units are missing. [`vec_dot8`] (one-column rounding, mat-vec) keeps eight
+//! plain rows in the lanes: per block the column's activations are loaded once for the eight
+//! rows, each row's integer sums come from `vpmaddubsw`/`vpmaddwd` per pair of sub-blocks
+//! (AVX2) or two pairs a 512-bit vector (AVX-512), gathered by a tree of `vphaddd`, and one
+//! FMA per block serves the eight rows (mat-vec 4096², one thread, AVX-512: 15.6-16.0 GB/s
+//! with the 256-bit kernel, 18.4-19.0 with the 512-bit one; README). [`vec_dot8x4`]
+//! (four-column rounding, mat-mat) rearranges the group first ([`transpose8`]) and runs
+//! [`vec_dot8x4_transposed`]; a mat-mat does that once per group for all its columns: one row
+//! a lane as in ggml's `block_q4_Kx8`, so that `vpmaddwd` by the rows' scales (with AVX-512
+//! VNNI: `vpdpbusd`, then `vpmulld`) leaves each row's exact integer in its lane and nothing
+//! is summed across lanes (mat-mat, 512 columns, one thread: 75-80 GFLOP/s with an earlier
+//! kernel that kept the four columns in the lanes, 128-134 on AVX2 and 186-193 with VNNI
+//! this way; README).
 //! Tests: `tests/qgemv_repack.rs` (ggml's own results, and the kernels against
 //! [`vec_dot_ref`]).
 
@@ -186,31 +187,36 @@ fn simd(isa: Isa) -> bool {
 }
 
 /// Eight plain q4_K rows against one activation row, with the one-column rounding (ggml's
-/// `gemv`: mat-vec, and the columns after the last whole four).
+/// `gemv`: mat-vec, and the columns after the last whole four); the 512-bit kernel where
+/// `isa` is AVX-512 (F/BW/VL with VNNI, as every `Isa::Avx512` kernel takes it).
 pub fn vec_dot8(isa: Isa, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
     check(g, &[x], k, "vec_dot8");
     #[cfg(target_arch = "x86_64")]
     if simd(isa) {
-        // SAFETY: the CPU has AVX2, FMA and F16C (`simd`); g holds eight rows of k / 256
-        // blocks and x k / 256 q8_K blocks (checked).
-        return unsafe { avx2::gemv8(g.as_ptr(), k / 256 * BLOCK, x.as_ptr(), k / 256) };
+        // SAFETY: the CPU has AVX2, FMA and F16C (`simd`), AVX-512 F/BW/VL where `uses_vnni`
+        // says so; g holds eight rows of k / 256 blocks and x k / 256 q8_K blocks (checked).
+        return unsafe {
+            if super::qdot::avx2::uses_vnni(isa) {
+                return avx2::gemv8_512(g.as_ptr(), k / 256 * BLOCK, x.as_ptr(), k / 256);
+            }
+            avx2::gemv8(g.as_ptr(), k / 256 * BLOCK, x.as_ptr(), k / 256)
+        };
     }
     let _ = isa;
     rows8_scalar::<1>(g, [x], k, false)[0]
 }
 
 /// Eight plain q4_K rows against four activation rows, with the four-column rounding (ggml's
-/// `gemm`): `out[c][r]`.
+/// `gemm`): `out[c][r]`. With AVX2 the rows are rearranged first ([`transpose8`], into a
+/// buffer of its own; a mat-mat rearranges each group once into its thread's scratch and
+/// calls [`vec_dot8x4_transposed`] for every four columns).
 pub fn vec_dot8x4(isa: Isa, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
     check(g, &x, k, "vec_dot8x4");
-    #[cfg(target_arch = "x86_64")]
-    if simd(isa) {
-        // SAFETY: as in `vec_dot8`, for each of the four activation rows.
-        return unsafe {
-            avx2::gemm8x4(g.as_ptr(), k / 256 * BLOCK, x.map(|x| x.as_ptr()), k / 256)
-        };
+    if has_transposed_kernel(isa) {
+        let mut t = vec![0u8; transposed_bytes(k)];
+        transpose8(g, k, &mut t);
+        return vec_dot8x4_transposed(isa, &t, x, k);
     }
-    let _ = isa;
     rows8_scalar::<4>(g, x, k, true)
 }
 
@@ -348,19 +354,6 @@ mod avx2 {
         _mm256_shuffle_epi8(s, _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16))
     }
 
-    /// The f16 pair (`d`, `dmin`) at the head of a block as f32 lanes 0 and 1.
-    ///
-    /// # Safety
-    /// The CPU has F16C; `wb` points at a whole q4_K block.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn d_dmin(wb: *const u8) -> __m128 {
-        // SAFETY: the block's first four bytes (caller).
-        _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
-            (wb as *const i32).read_unaligned()
-        }))
-    }
-
     /// One sub-block pair's `scale · Σ q·x` partial sums in eight i32 lanes: the low nibbles
     /// `lo` against `xl` times scale `sl`, the high ones against `xh` times `sh`
     /// (`vpmaddubsw`: nibble × byte pairs at most 2·15·127, no saturation; `vpmaddwd` by the
@@ -389,25 +382,6 @@ mod avx2 {
         _mm_add_epi32(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1))
     }
 
-    /// A row's `min · bsums` sums of the four sub-block pairs against four columns (`bp`:
-    /// their [`bsum_pairs`]), as one vector per pair with the four columns in its lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn min_pairs4(mins: __m128i, bp: [__m128i; 4]) -> [__m128i; 4] {
-        // per column [pair 0..4], transposed to per pair [column 0..4]
-        let mc = bp.map(|bp| _mm_madd_epi16(mins, bp));
-        let t0 = _mm_unpacklo_epi32(mc[0], mc[1]);
-        let t1 = _mm_unpacklo_epi32(mc[2], mc[3]);
-        let t2 = _mm_unpackhi_epi32(mc[0], mc[1]);
-        let t3 = _mm_unpackhi_epi32(mc[2], mc[3]);
-        [
-            _mm_unpacklo_epi64(t0, t1),
-            _mm_unpackhi_epi64(t0, t1),
-            _mm_unpacklo_epi64(t2, t3),
-            _mm_unpackhi_epi64(t2, t3),
-        ]
-    }
-
     /// The four sub-block pairs' nibbles of a block: (low, high) per pair.
     ///
     /// # Safety
@@ -424,6 +398,43 @@ mod avx2 {
                 _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
             )
         })
+    }
+
+    /// The end of a block in both mat-vec kernels: the eight rows' integer sums (`tot`: eight
+    /// lanes a row, `mn`: four) each gathered into its row's lane by a tree of `vphaddd`, the
+    /// rows' f16 `d` and `dmin` (`heads`) converted, and one FMA into `acc` with `d · dx` and
+    /// one into `accm` with `dmin · dx`.
+    #[inline(always)]
+    fn block_step(
+        tot: &[__m256i; 8],
+        mn: &[__m128i; 8],
+        heads: &[u32; 8],
+        dx: __m256,
+        acc: &mut __m256,
+        accm: &mut __m256,
+    ) {
+        // SAFETY: register arithmetic on AVX2, FMA and F16C, which every caller is compiled
+        // with; `heads` is eight u32.
+        unsafe {
+            // the eight (d, dmin) f16 pairs: d from the low halves, dmin from the high
+            let hv = _mm256_loadu_si256(heads.as_ptr() as *const __m256i);
+            let lo16 = _mm256_and_si256(hv, _mm256_set1_epi32(0xffff));
+            let hi16 = _mm256_srli_epi32(hv, 16);
+            let packed = _mm256_packus_epi32(lo16, hi16); // d0-3 dm0-3 | d4-7 dm4-7
+            let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00); // d0-7 | dm0-7
+            let d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+            let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
+            let isum = _mm256_set_m128i(
+                sum4(tot[4], tot[5], tot[6], tot[7]),
+                sum4(tot[0], tot[1], tot[2], tot[3]),
+            );
+            let msum = _mm256_set_m128i(
+                _mm_hadd_epi32(_mm_hadd_epi32(mn[4], mn[5]), _mm_hadd_epi32(mn[6], mn[7])),
+                _mm_hadd_epi32(_mm_hadd_epi32(mn[0], mn[1]), _mm_hadd_epi32(mn[2], mn[3])),
+            );
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *acc);
+            *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), *accm);
+        }
     }
 
     /// [`super::vec_dot8`] on AVX2, ggml's one-column rounding, the eight rows in the eight
@@ -470,26 +481,7 @@ mod avx2 {
                     mn[r] = _mm_madd_epi16(m, bp);
                     heads[r] = (wb as *const u32).read_unaligned();
                 }
-                // the eight (d, dmin) f16 pairs: d from the low halves, dmin from the high
-                let hv = _mm256_loadu_si256(heads.as_ptr() as *const __m256i);
-                let lo16 = _mm256_and_si256(hv, _mm256_set1_epi32(0xffff));
-                let hi16 = _mm256_srli_epi32(hv, 16);
-                let packed = _mm256_packus_epi32(lo16, hi16); // d0-3 dm0-3 | d4-7 dm4-7
-                let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00); // d0-7 | dm0-7
-                let d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
-                let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
-                let isum = _mm256_set_m128i(
-                    sum4(tot[4], tot[5], tot[6], tot[7]),
-                    sum4(tot[0], tot[1], tot[2], tot[3]),
-                );
-                let msum = _mm256_set_m128i(
-                    _mm_hadd_epi32(_mm_hadd_epi32(mn[4], mn[5]), _mm_hadd_epi32(mn[6], mn[7])),
-                    _mm_hadd_epi32(_mm_hadd_epi32(mn[0], mn[1]), _mm_hadd_epi32(mn[2], mn[3])),
-                );
-                let dd = _mm256_mul_ps(d, dx);
-                let dm = _mm256_mul_ps(dmin, dx);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dm, accm);
+                block_step(&tot, &mn, &heads, dx, &mut acc, &mut accm);
             }
         }
         let mut out = [0f32; 8];
@@ -498,64 +490,92 @@ mod avx2 {
         out
     }
 
-    /// [`super::vec_dot8x4`] on AVX2, ggml's four-column rounding, the four columns in four
-    /// lanes: per row and block the nibbles unpacked once, each column's four pair sums by
-    /// `sum4` per pair (so pair h of the four columns in one vector), the mins' pair sums
-    /// transposed likewise, and per pair one FMA into `acc` and one into `accm`.
+    /// `vpshufb` controls that spread a block's eight i16 scales (in every 128-bit lane) as
+    /// two sub-blocks' scales per 512-bit vector: scale `a` in lanes 0 and 1, `b` in lanes 2
+    /// and 3, for (a, b) = (0, 2), (1, 3), (4, 6), (5, 7).
+    const SCALES512: [[u8; 64]; 4] = {
+        let mut c = [[0u8; 64]; 4];
+        let pairs = [(0, 2), (1, 3), (4, 6), (5, 7)];
+        let mut j = 0;
+        while j < 4 {
+            let mut i = 0;
+            while i < 64 {
+                let s = if i < 32 { pairs[j].0 } else { pairs[j].1 };
+                c[j][i] = (2 * s + (i & 1)) as u8;
+                i += 1;
+            }
+            j += 1;
+        }
+        c
+    };
+
+    /// [`gemv8`] with 512-bit vectors (AVX-512 F/BW): the same integers and float operations,
+    /// two sub-block pairs a vector. Per block the column's activations are arranged once
+    /// for the eight rows as the nibbles fall in a 64-byte load (sub-blocks 0 and 2 against
+    /// the low nibbles of bytes 0..64, 1 and 3 against their high nibbles, then 4, 6 and
+    /// 5, 7), so each row's block takes two loads and four `vpmaddubsw` + `vpmaddwd`.
     ///
     /// # Safety
-    /// As for [`gemv8`], with four activation rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm8x4(g: *const u8, row: usize, x: [*const u8; 4], nb: usize) -> [[f32; 8]; 4] {
-        let mut acc = [_mm_setzero_ps(); 8];
-        let mut accm = [_mm_setzero_ps(); 8];
+    /// As for [`gemv8`], and the CPU has AVX-512 F, BW and VL.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn gemv8_512(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+        let mut acc = _mm256_setzero_ps();
+        let mut accm = _mm256_setzero_ps();
+        let m4 = _mm512_set1_epi8(0x0F);
+        // SAFETY: SCALES512 holds four 64-byte controls.
+        let ctl: [__m512i; 4] = std::array::from_fn(|j| unsafe {
+            _mm512_loadu_si512(SCALES512[j].as_ptr() as *const _)
+        });
         for b in 0..nb {
-            // SAFETY: block b of every row and of every x are readable (caller).
+            // SAFETY: block b of the eight rows and of x are readable (caller).
             unsafe {
-                let xb = x.map(|x| x.add(b * QBLOCK));
-                let dx = _mm_setr_ps(
-                    (xb[0] as *const f32).read_unaligned(),
-                    (xb[1] as *const f32).read_unaligned(),
-                    (xb[2] as *const f32).read_unaligned(),
-                    (xb[3] as *const f32).read_unaligned(),
-                );
-                // the columns' bsum pairs, once for the eight rows
-                let bp = xb.map(|xb| bsum_pairs(xb));
+                let xb = x.add(b * QBLOCK);
+                let dx = _mm256_set1_ps((xb as *const f32).read_unaligned());
+                let half = |s: usize| _mm256_loadu_si256(xb.add(4 + 32 * s) as *const __m256i);
+                let xv = [(0, 2), (1, 3), (4, 6), (5, 7)].map(|(a, c)| {
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(a)), half(c))
+                });
+                let bp = bsum_pairs(xb);
+                let mut tot = [_mm256_setzero_si256(); 8];
+                let mut mn = [_mm_setzero_si128(); 8];
+                let mut heads = [0u32; 8];
                 for r in 0..8 {
                     let wb = g.add(r * row + b * BLOCK);
-                    let (s, mins) = scales_mins16(wb);
-                    let q = nibbles(wb);
-                    let hd = d_dmin(wb);
-                    let dd = _mm_mul_ps(_mm_shuffle_ps(hd, hd, 0b00_00_00_00), dx);
-                    let dm = _mm_mul_ps(_mm_shuffle_ps(hd, hd, 0b01_01_01_01), dx);
-                    let mut v = [[_mm256_setzero_si256(); 4]; 4];
-                    for (h, &(lo, hi)) in q.iter().enumerate() {
-                        let (sl, sh) = (scale(s, 2 * h), scale(s, 2 * h + 1));
-                        for c in 0..4 {
-                            let xl = _mm256_loadu_si256(xb[c].add(4 + 64 * h) as *const __m256i);
-                            let xh =
-                                _mm256_loadu_si256(xb[c].add(4 + 64 * h + 32) as *const __m256i);
-                            v[h][c] = pair(lo, hi, xl, xh, sl, sh);
+                    for line in [0, 64] {
+                        _mm_prefetch(
+                            wb.wrapping_add(super::PREFETCH + line) as *const i8,
+                            _MM_HINT_T0,
+                        );
+                    }
+                    let (s, m) = scales_mins16(wb);
+                    let sb = _mm512_broadcast_i32x4(_mm256_castsi256_si128(s));
+                    let mut v = _mm512_setzero_si512();
+                    for half in 0..2 {
+                        let q = _mm512_loadu_si512(wb.add(16 + 64 * half) as *const _);
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                        for (k, n) in [(0, lo), (1, hi)] {
+                            let j = 2 * half + k;
+                            let sc = _mm512_shuffle_epi8(sb, ctl[j]);
+                            v = _mm512_add_epi32(
+                                v,
+                                _mm512_madd_epi16(_mm512_maddubs_epi16(n, xv[j]), sc),
+                            );
                         }
                     }
-                    let mp = min_pairs4(mins, bp);
-                    for h in 0..4 {
-                        let p = sum4(v[h][0], v[h][1], v[h][2], v[h][3]);
-                        acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(p), dd, acc[r]);
-                        accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mp[h]), dm, accm[r]);
-                    }
+                    tot[r] = _mm256_add_epi32(
+                        _mm512_castsi512_si256(v),
+                        _mm512_extracti64x4_epi64::<1>(v),
+                    );
+                    mn[r] = _mm_madd_epi16(m, bp);
+                    heads[r] = (wb as *const u32).read_unaligned();
                 }
+                block_step(&tot, &mn, &heads, dx, &mut acc, &mut accm);
             }
         }
-        let mut out = [[0f32; 8]; 4];
-        for r in 0..8 {
-            let mut o = [0f32; 4];
-            // SAFETY: o is four f32.
-            unsafe { _mm_storeu_ps(o.as_mut_ptr(), _mm_sub_ps(acc[r], accm[r])) };
-            for c in 0..4 {
-                out[c][r] = o[c];
-            }
-        }
+        let mut out = [0f32; 8];
+        // SAFETY: out is eight f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
         out
     }
 
