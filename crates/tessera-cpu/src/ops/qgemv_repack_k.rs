@@ -404,7 +404,8 @@ mod avx2 {
     /// lanes a row, `mn`: four) each gathered into its row's lane by a tree of `vphaddd`, the
     /// rows' f16 `d` and `dmin` (`heads`) converted, and one FMA into `acc` with `d · dx` and
     /// one into `accm` with `dmin · dx`.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn block_step(
         tot: &[__m256i; 8],
         mn: &[__m128i; 8],
@@ -413,28 +414,25 @@ mod avx2 {
         acc: &mut __m256,
         accm: &mut __m256,
     ) {
-        // SAFETY: register arithmetic on AVX2, FMA and F16C, which every caller is compiled
-        // with; `heads` is eight u32.
-        unsafe {
-            // the eight (d, dmin) f16 pairs: d from the low halves, dmin from the high
-            let hv = _mm256_loadu_si256(heads.as_ptr() as *const __m256i);
-            let lo16 = _mm256_and_si256(hv, _mm256_set1_epi32(0xffff));
-            let hi16 = _mm256_srli_epi32(hv, 16);
-            let packed = _mm256_packus_epi32(lo16, hi16); // d0-3 dm0-3 | d4-7 dm4-7
-            let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00); // d0-7 | dm0-7
-            let d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
-            let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
-            let isum = _mm256_set_m128i(
-                sum4(tot[4], tot[5], tot[6], tot[7]),
-                sum4(tot[0], tot[1], tot[2], tot[3]),
-            );
-            let msum = _mm256_set_m128i(
-                _mm_hadd_epi32(_mm_hadd_epi32(mn[4], mn[5]), _mm_hadd_epi32(mn[6], mn[7])),
-                _mm_hadd_epi32(_mm_hadd_epi32(mn[0], mn[1]), _mm_hadd_epi32(mn[2], mn[3])),
-            );
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *acc);
-            *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), *accm);
-        }
+        // the eight (d, dmin) f16 pairs: d from the low halves, dmin from the high
+        // SAFETY: `heads` is eight u32, 32 readable bytes.
+        let hv = unsafe { _mm256_loadu_si256(heads.as_ptr() as *const __m256i) };
+        let lo16 = _mm256_and_si256(hv, _mm256_set1_epi32(0xffff));
+        let hi16 = _mm256_srli_epi32(hv, 16);
+        let packed = _mm256_packus_epi32(lo16, hi16); // d0-3 dm0-3 | d4-7 dm4-7
+        let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00); // d0-7 | dm0-7
+        let d = _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+        let dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
+        let isum = _mm256_set_m128i(
+            sum4(tot[4], tot[5], tot[6], tot[7]),
+            sum4(tot[0], tot[1], tot[2], tot[3]),
+        );
+        let msum = _mm256_set_m128i(
+            _mm_hadd_epi32(_mm_hadd_epi32(mn[4], mn[5]), _mm_hadd_epi32(mn[6], mn[7])),
+            _mm_hadd_epi32(_mm_hadd_epi32(mn[0], mn[1]), _mm_hadd_epi32(mn[2], mn[3])),
+        );
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *acc);
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), *accm);
     }
 
     /// [`super::vec_dot8`] on AVX2, ggml's one-column rounding, the eight rows in the eight
