@@ -418,13 +418,15 @@ fn big_matvec(t: DType, bytes: usize, layout: tessera::RowLayout) -> (Session, u
     (s, row * m)
 }
 
-/// Types of the large mat-vec beside the read bandwidth.
-pub const BIG_MATVEC_TYPES: [DType; 5] = [
+/// Types of the large mat-vec beside the read bandwidth: the issue-4 table's seven.
+pub const BIG_MATVEC_TYPES: [DType; 7] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q8_0,
     DType::Q4K,
+    DType::Q5K,
     DType::Q6K,
+    DType::IQ4XS,
 ];
 
 /// The quantized shapes of issue 4: (K, M) for a = [K, M].
