@@ -649,8 +649,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         && super::qdot::self_prefetching(a.dtype)
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
-        // rows in one call (one dispatch instead of one per row; same results); iq4_xs, q4_K
-        // and q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
+        // rows in one call (one dispatch instead of one per row; same results); iq4_xs, q4_K,
+        // q5_K and q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
         let eight = eight_row_kernel(ctx.isa, a.dtype);
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
             // SAFETY: the quantized column was finished before the barrier.
@@ -1080,7 +1080,8 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K
+/// and q6_K
 /// (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
 /// types without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
@@ -2208,6 +2209,7 @@ mod tests {
             DType::Q5_1,
             DType::IQ4XS,
             DType::Q4K,
+            DType::Q5K,
             DType::Q6K,
         ] {
             let vdt = vec_dot_type(t);
@@ -2243,7 +2245,8 @@ mod tests {
                                 w[b * ws + d_at..b * ws + d_at + 2].copy_from_slice(
                                     &half::f16::from_f32(d).to_bits().to_le_bytes(),
                                 );
-                                if matches!(t, DType::Q4_1 | DType::Q5_1 | DType::Q4K) {
+                                if matches!(t, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K)
+                                {
                                     let m = (next() % 1000) as f32 / 300.0 - 1.5;
                                     w[b * ws + 2..b * ws + 4].copy_from_slice(
                                         &half::f16::from_f32(m).to_bits().to_le_bytes(),

@@ -1,4 +1,4 @@
-//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K and q6_K on AVX-512 VNNI:
+//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K on AVX-512 VNNI:
 //! eight weight rows against one activation row (q8_0; q8_1 for q4_1 and q5_1, q8_K for
 //! iq4_xs and the k-quants) per call, four rows to a 512-bit vector.
 //!
@@ -41,6 +41,7 @@ pub fn supported(t: DType) -> bool {
             | DType::MXFP4
             | DType::IQ4XS
             | DType::Q4K
+            | DType::Q5K
             | DType::Q6K
     )
 }
@@ -67,7 +68,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q5_0 => q5_rows::<false, 22, 2>(wp, x.as_ptr(), nb),
             DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
             DType::IQ4XS => iq4_xs_rows(wp, x.as_ptr(), k / 256),
-            DType::Q4K => q4_k_rows(wp, x.as_ptr(), k / 256),
+            DType::Q4K => q4_k_rows::<false>(wp, x.as_ptr(), k / 256),
+            DType::Q5K => q4_k_rows::<true>(wp, x.as_ptr(), k / 256),
             DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
@@ -824,12 +826,19 @@ unsafe fn xs_scales(w64: __m512i, q: i32) -> __m512 {
 /// `vpdpwssd`; the four rows of a quad have their scales and mins unpacked in one 512-bit pass
 /// of ggml's bit shuffle. With everything in L1 on Zen 4 a superblock of eight rows took
 /// 175-180 cycles with four rows' pieces gathered into each vector, 155-160 this way.
+///
+/// With `Q5`, q5_K (176-byte superblocks: the same d, dmin and scales, then 32 bytes of fifth
+/// bits and the same 128 bytes of nibbles): element e of sub-block s takes bit s of byte e of
+/// the fifth bits as its value's 16 (ggml's `vec_dot_q5_K_q8_K`, the same lanes and integers
+/// as q4_K), and the mins are ggml's q5_K ones: per row and superblock the exact integer
+/// Σ m·(pair sums), then `summs = fma(dmin_w·(−d_y), that, summs)`, added after
+/// `hsum_float_8`.
 #[inline(always)]
-unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
-    const BLOCK: usize = 144;
+unsafe fn q4_k_rows<const Q5: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    let block: usize = if Q5 { 176 } else { 144 };
     const Q8K: usize = 292;
-    // SAFETY: nb 144-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
-    // the tables are 64 bytes a vector; prefetches never fault.
+    // SAFETY: nb superblocks (144 bytes, q5_K's 176) behind every row and nb q8_K blocks
+    // behind xp (caller); the tables are 64 bytes a vector; prefetches never fault.
     unsafe {
         let m4 = _mm512_set1_epi8(15);
         let zero = _mm512_setzero_si512();
@@ -837,7 +846,7 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         let mut acc_m = [_mm512_setzero_ps(); 2];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
-            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * block));
             // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
             let dm = halves_pairs8(&wb);
             let yd = f32_at(xb);
@@ -863,15 +872,32 @@ unsafe fn q4_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 // the quad's scales and mins: lane j row 4h + j, scales in bytes 0..8
                 let u = k4_scales_mins4(quad(&wb, h, 4));
                 let prod = _mm512_madd_epi16(_mm512_unpackhi_epi8(u, zero), q8s);
+                // q4_K: ggml's four-lane accumulator; q5_K: each row's exact total (its four
+                // lanes added, in every lane of its 128-bit lane) in a scalar's FMA
+                let prod = if Q5 {
+                    let t = _mm512_add_epi32(prod, _mm512_shuffle_epi32::<0b01_00_11_10>(prod));
+                    _mm512_add_epi32(t, _mm512_shuffle_epi32::<0b10_11_00_01>(t))
+                } else {
+                    prod
+                };
                 *am = _mm512_fmadd_ps(spread::<2, 1>(dd, h as i32), _mm512_cvtepi32_ps(prod), *am);
                 let s16 = _mm512_unpacklo_epi8(u, zero);
                 let k = Q4Consts { m4, y, s16, d: dd };
-                acc[2 * h] = q4_k_pair::<0>(&k, &wb[4 * h..4 * h + 4], 4 * h, acc[2 * h]);
-                acc[2 * h + 1] = q4_k_pair::<1>(&k, &wb[4 * h..4 * h + 4], 4 * h, acc[2 * h + 1]);
+                let quad = &wb[4 * h..4 * h + 4];
+                acc[2 * h] = q4_k_pair::<0, Q5>(&k, quad, 4 * h, acc[2 * h]);
+                acc[2 * h + 1] = q4_k_pair::<1, Q5>(&k, quad, 4 * h, acc[2 * h + 1]);
             }
         }
         let mut out = hsum_pairs(&acc);
         for (h, m) in acc_m.iter().enumerate() {
+            if Q5 {
+                let mut mv = [0f32; 16];
+                _mm512_storeu_ps(mv.as_mut_ptr(), *m);
+                for j in 0..4 {
+                    out[4 * h + j] += mv[4 * j];
+                }
+                continue;
+            }
             // the mins' four lanes: (m0 + m2) + (m1 + m3), as ggml's `_mm_movehl_ps` and
             // `_mm_movehdup_ps` steps
             let t = _mm512_add_ps(*m, _mm512_permute_ps::<0b01_00_11_10>(*m));
@@ -899,22 +925,30 @@ struct Q4Consts {
 
 /// Rows 2P and 2P + 1 of a quad (`w`, its four rows' superblocks; `r0`, its first row)
 /// into `acc` (lanes 0-7 row 2P, 8-15 row 2P + 1): each row's 16 dword lanes, lanes l and
-/// l + 8 added (ggml's lane l), converted and fused-multiply-added with the row's d.
+/// l + 8 added (ggml's lane l), converted and fused-multiply-added with the row's d. `Q5`:
+/// q5_K superblocks, each code plus 16 where its fifth bit is set.
 #[inline(always)]
-unsafe fn q4_k_pair<const P: usize>(
+unsafe fn q4_k_pair<const P: usize, const Q5: bool>(
     k: &Q4Consts,
     w: &[*const u8],
     r0: usize,
     acc: __m512,
 ) -> __m512 {
-    // SAFETY: a 144-byte superblock behind w[2P] and w[2P + 1] (caller); the table is 64 bytes
-    // a vector; prefetches never fault.
+    // SAFETY: a superblock (144 bytes, q5_K's 176) behind w[2P] and w[2P + 1] (caller); the
+    // table is 64 bytes a vector; prefetches never fault.
     unsafe {
         prefetch_superblocks::<3, 2>([w[2 * P], w[2 * P + 1]]);
         let mut s = [_mm512_setzero_si512(); 2];
         for (t, s) in s.iter_mut().enumerate() {
             let j = 2 * P + t;
-            let q = w[j].add(4 + 12);
+            let q = w[j].add(if Q5 { 48 } else { 16 });
+            // q5_K: the 32 bytes of fifth bits in both halves (byte e: element e of every
+            // sub-block, bit s for sub-block s)
+            let qh = if Q5 {
+                _mm512_broadcast_i64x4(load32(w[j].add(16)))
+            } else {
+                _mm512_setzero_si512()
+            };
             let mut sum = [_mm512_setzero_si512(); 2];
             for (h, sum) in sum.iter_mut().enumerate() {
                 let z = _mm512_loadu_si512(q.add(64 * h) as *const _);
@@ -922,6 +956,17 @@ unsafe fn q4_k_pair<const P: usize>(
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), k.m4);
                 for (n, code) in [lo, hi].into_iter().enumerate() {
                     let c = 2 * h + n;
+                    // sub-blocks 4h + n (lower half) and 4h + 2 + n (upper): their bits
+                    let code = if Q5 {
+                        let bit = _mm512_inserti64x4::<1>(
+                            _mm512_set1_epi8(1 << (4 * h + n)),
+                            _mm256_set1_epi8(1 << (4 * h + 2 + n)),
+                        );
+                        let set = _mm512_test_epi8_mask(qh, bit);
+                        _mm512_mask_add_epi8(code, set, code, _mm512_set1_epi8(16))
+                    } else {
+                        code
+                    };
                     let pick = _mm512_loadu_si512(SCALE_PICK_Q4[j][c].as_ptr() as *const _);
                     let scale = _mm512_permutexvar_epi16(pick, k.s16);
                     let pairs = _mm512_maddubs_epi16(code, k.y[c]);
