@@ -224,19 +224,17 @@ unsafe fn unscale16(v: __m512) -> __m512 {
 pub const PREFETCH: usize = 512;
 
 /// How far ahead in a group of interleaved rows its kernels (these and `qgemv_avx2`'s)
-/// prefetch into L2, bytes; 0: not at all. A group is one sequential stream. On AMD Zen 4 the
-/// hardware prefetcher keeps one core's stream fed and software prefetches only cost (from
-/// memory, one thread, q4_0 against the plain rows: 1.57× with none, 1.28×, 1.35× and 1.53×
-/// with five lines to L1 every two blocks 512, 1024 and 2048 bytes ahead). On Intel Ice Lake
-/// one stream without them reads 8.1-9.7 GB/s where the plain rows' eight reach 13-15
+/// prefetch into L2, bytes. A group is one sequential stream. On Intel Ice Lake one stream
+/// without prefetches reads 8.1-9.7 GB/s where the plain rows' eight reach 13-15
 /// (`bench-ops --only bandwidth`, one thread); five lines to L2 every two blocks 8 KiB ahead
-/// bring it to 13.5-14.3 (4 KiB: 12.8-13.6, to L1: 11.9-12.5; 16 KiB: 13.5-14.6).
+/// bring it to 13.5-14.3 (4 KiB: 12.8-13.6, to L1: 11.9-12.5; 16 KiB: 13.5-14.6). On AMD Zen
+/// 4, where prefetches into L1 512-2048 bytes ahead had cost (q4_0 1.28-1.53× the plain rows
+/// from memory, 1.57× with none), the same L2 prefetches took one thread from 73-87 % to
+/// 102-117 % of the read bandwidth (q4_0 18.3-20.0 → 25.9-27.3 GB/s, q4_1 alike; 2 KiB and
+/// 4 KiB ahead: no better than none), the same within 2 % with the matrix in cache, and
+/// SmolLM2's tg128 the same within its noise (four alternating rounds).
 pub fn interleaved_prefetch() -> usize {
-    if crate::simd::amd() {
-        0
-    } else {
-        8192
-    }
+    8192
 }
 
 /// Prefetches `p[r] + PREFETCH` for the eight rows (never faults).
