@@ -1,4 +1,4 @@
-//! q4_0, iq4_nl and q4_K weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
+//! q4_0, iq4_nl, q4_K and mxfp4 weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
 //! `ops::qgemv_repack`, `ops::qgemv_repack_k`): mul_mat against ggml's own results from its
 //! CPU repack buffer, the kernels against the scalar definitions (q4_K's two roundings on
 //! every path of a product), and the errors for what the layout does not take.
@@ -36,6 +36,20 @@ fn fixture() -> Vec<QmmCase> {
 /// 2²⁴. Format: `common::qmm_fixture`.
 fn fixture_q4_k() -> Vec<QmmCase> {
     qmm_fixture(include_bytes!("data/q4k_repack_mm_ggml.bin"))
+}
+
+/// `data/mxfp4_repack_mm_ggml.bin`, written by a small C program (not part of this
+/// repository) linked against llama.cpp's `libggml-cpu` as vendored by llama-cpp-python 0.3.36
+/// (gcc 12, a native build on an AMD Zen 4 with AVX-512): mxfp4 weights put in the
+/// `CPU_REPACK` buffer type (ggml reported `mxfp4_8x8` repacking), f32 activations, the results
+/// of `ggml_mul_mat` computed by `ggml_backend_graph_compute` (1 and 2 threads gave the same
+/// bytes; against the plain buffer 309 of 712 results differ). Twelve cases: K 32-2048, 8-32
+/// rows, 1-17 columns; six with weights from `ggml_quantize_chunk`, six with random bytes,
+/// three of them with scale bytes 0-5 and activations near 10⁻³, so that the products of the
+/// two scales and the results are subnormal, and three with scale bytes 100-155. Format:
+/// `common::qmm_fixture`.
+fn fixture_mxfp4() -> Vec<QmmCase> {
+    qmm_fixture(include_bytes!("data/mxfp4_repack_mm_ggml.bin"))
 }
 
 /// Runs `c` with repacked rows on every CPU configuration and asserts every result's bits
@@ -298,7 +312,7 @@ fn every_path_of_a_product_gives_the_definition() {
 #[test]
 fn the_definition_is_a_dot_product() {
     let mut rng = Rng::new(77);
-    for t in [DType::Q4_0, DType::IQ4NL] {
+    for t in [DType::Q4_0, DType::IQ4NL, DType::MXFP4] {
         let k = 256;
         let (w, x) = random_row_and_q8_0(t, k, &mut rng);
         let (mut wd, mut xd) = (vec![0f32; k], vec![0f32; k]);
@@ -314,7 +328,7 @@ fn the_definition_is_a_dot_product() {
 }
 
 /// What the layout does not take is an error naming the tensor and the reason: q4_1 and q5_K
-/// rows (ggml's repack arithmetic is reproduced for q4_0, iq4_nl and q4_K only), a row count
+/// rows (ggml's repack arithmetic is reproduced for q4_0, iq4_nl, q4_K and mxfp4 only), a row count
 /// that is not whole groups of eight, q4_K rows interleaved (they take the repack arithmetic
 /// on their plain rows only), and a product the kernels do not cover (an f16 second operand),
 /// which would otherwise run the fallback's other arithmetic.
@@ -558,4 +572,103 @@ fn the_q4_k_definition_is_a_dot_product() {
             "quad {quad}: {got} vs {exact}"
         );
     }
+}
+
+/// mxfp4: every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar
+/// one too) and thread count, subnormal products of the scales included; the plain layout
+/// differs from it in many results.
+#[test]
+fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
+    let cases = fixture_mxfp4();
+    assert!(cases.len() >= 12 && cases.iter().all(|c| c.t == DType::MXFP4));
+    for c in &cases {
+        assert_every_config_gives(c, "ggml's repack gives");
+    }
+    let (differ, total) = plain_results_differing(&cases);
+    assert!(
+        differ * 3 > total,
+        "only {differ} of {total} plain results differ"
+    );
+}
+
+/// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at
+/// ±127, scale bytes from 0 (a subnormal 2^-128) to 254 (2^126), extreme f16 activation
+/// scales): on every ISA, row by row the definition's bits, and the four-column and four-group
+/// entry points those of one column and one group.
+#[test]
+fn mxfp4_kernels_equal_the_definition() {
+    let t = DType::MXFP4;
+    let mut rng = Rng::new(0x3f4_e8e0);
+    let mut checked = 0;
+    for case in 0..40 {
+        let k = 32 * (1 + rng.below(40));
+        let row = t.row_size(k).unwrap();
+        let mut plain = vec![0u8; 8 * row];
+        for r in 0..8 {
+            let v: Vec<f32> = (0..k).map(|_| rng.uniform(-2.0, 2.0)).collect();
+            tessera_quants::quantize_row(t.id(), &v, &mut plain[r * row..(r + 1) * row], None)
+                .unwrap();
+        }
+        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        if case >= 20 {
+            for (i, b) in plain.iter_mut().enumerate() {
+                *b = if i % 17 == 0 {
+                    // the scale byte: low (subnormal products), middle or high
+                    [rng.below(6), 100 + rng.below(56), 200 + rng.below(55)][rng.below(3)] as u8
+                } else {
+                    rng.below(256) as u8
+                };
+            }
+            for (i, b) in x.iter_mut().enumerate() {
+                if i % 34 >= 2 && rng.below(2) == 0 {
+                    *b = if rng.below(2) == 0 {
+                        127
+                    } else {
+                        (-127i8) as u8
+                    };
+                }
+            }
+            for blk in x.chunks_exact_mut(34) {
+                if rng.below(4) == 0 {
+                    let h: u16 = [0x7bff, 0x0001, 0x8400, 0x0000][rng.below(4)];
+                    blk[..2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+        let nb = k / 32;
+        let others: Vec<Vec<u8>> = (1..4)
+            .map(|c| {
+                (0..nb)
+                    .flat_map(|b| x[(b * c + c) % nb * 34..][..34].to_vec())
+                    .collect()
+            })
+            .collect();
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for &isa in &isas() {
+            let got = vec_dot8(isa, t, &plain, &x, k);
+            for r in 0..8 {
+                let want = vec_dot_ref(t, &plain[r * row..(r + 1) * row], &x, k);
+                assert!(
+                    same(got[r], want),
+                    "k={k} case {case} row {r} on {isa:?}: {} vs the definition's {want}",
+                    got[r]
+                );
+                checked += 1;
+            }
+            let xs = [&x[..], &others[0], &others[1], &others[2]];
+            let four = vec_dot8x4(isa, t, &plain, xs, k);
+            for (c, xc) in xs.iter().enumerate() {
+                let one = vec_dot8(isa, t, &plain, xc, k);
+                assert!(
+                    (0..8).all(|r| same(four[c][r], one[r])),
+                    "case {case} column {c}"
+                );
+            }
+            let groups = vec_dot8_groups4(isa, t, [&plain; 4], &x, k);
+            assert!(groups.iter().all(|g| (0..8).all(|r| same(g[r], got[r]))));
+        }
+    }
+    assert!(checked >= 320 * isas().len());
 }

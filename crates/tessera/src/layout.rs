@@ -13,14 +13,17 @@
 //! changes.
 //!
 //! [`RowLayout::Repacked8`] keeps the same bytes but asks for other arithmetic: that of ggml's
-//! CPU "repack" buffer (`CPU_REPACK`, llama.cpp's default on x86 for q4_0, iq4_nl and q4_K
-//! weights with a multiple of eight rows), so that a product's results equal llama.cpp's default
+//! CPU "repack" buffer (`CPU_REPACK`, llama.cpp's default on x86 for q4_0, iq4_nl, q4_K and
+//! mxfp4 weights with a multiple of eight rows), so that a product's results equal llama.cpp's default
 //! rather than its `--no-repack` (ggml's plain rows, which every other layout reproduces).
 //! For each row and column it adds one block at a time, in block order: the block's exact
 //! integer dot product (32 weights × 32 q8_0 activations), converted to f32, times the product
 //! of the two blocks' f16 scales (exact in f32), by one fused multiply-add into an f32
 //! accumulator that starts at zero; the result is that accumulator, whatever the column count
-//! or thread count. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
+//! or thread count. mxfp4 rows take the same steps on their plain bytes (17-byte blocks are
+//! not interleaved), with the block scale ggml's `GGML_E8M0_TO_FP32_HALF` of the block's
+//! exponent byte, whose product with the activations' f16 scale is rounded (it can be
+//! subnormal) before the multiply-add, as in ggml. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
 //! bytes, so the weights stay mapped (the mat-mat kernel rearranges each group of eight rows
 //! on the way). Its rounding depends on the column: ggml's four-column kernel adds one FMA
 //! per 64 weights, its one-column kernel one per 256 (see `qgemv_repack_k` in `tessera-cpu`).
@@ -51,7 +54,7 @@ pub enum RowLayout {
 /// Whether rows of `t` can take [`RowLayout::Repacked8`] (the types whose ggml repack kernels
 /// this crate reproduces).
 pub fn repack_numerics(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4K)
+    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4K | DType::MXFP4)
 }
 
 /// Whether a tensor of `t` in `layout` holds its bytes in another order than ggml's rows (so

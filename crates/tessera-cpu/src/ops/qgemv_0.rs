@@ -125,7 +125,7 @@ unsafe fn quad(p: &[*const u8; 8], h: usize, off: usize) -> __m512i {
 /// ggml's `GGML_E8M0_TO_FP32_HALF` of the byte at `p[j]` for the eight rows: 2^(e−128), as
 /// the bits (e − 1) << 23, or 0x0020_0000 << e (subnormal) for e < 2.
 #[inline(always)]
-unsafe fn e8m0_half8(p: &[*const u8; 8]) -> __m256 {
+pub(crate) unsafe fn e8m0_half8(p: &[*const u8; 8]) -> __m256 {
     // SAFETY: one readable byte at every address (caller).
     unsafe {
         let mut bytes = 0u64;

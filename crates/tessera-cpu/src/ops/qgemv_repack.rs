@@ -28,6 +28,7 @@ use tessera::DType;
 use tessera_quants::f16_to_f32;
 
 use super::qdot::KVALUES_IQ4NL;
+use super::qdot_fp::{e8m0_half, KVALUES_FP4};
 use crate::simd::Isa;
 
 /// Bytes of one q4_0 / iq4_nl block: an f16 scale and 16 bytes of nibbles.
@@ -38,10 +39,10 @@ const QBLOCK: usize = 34;
 /// The value of nibble `n` of a `t` weight.
 #[inline(always)]
 fn value(t: DType, n: u8) -> i32 {
-    if t == DType::IQ4NL {
-        KVALUES_IQ4NL[n as usize] as i32
-    } else {
-        n as i32 - 8
+    match t {
+        DType::IQ4NL => KVALUES_IQ4NL[n as usize] as i32,
+        DType::MXFP4 => KVALUES_FP4[n as usize] as i32,
+        _ => n as i32 - 8,
     }
 }
 
@@ -63,25 +64,59 @@ fn step(acc: f32, isum: i32, dw: u16, dx: u16) -> f32 {
     (isum as f32).mul_add(f16_to_f32(dw) * f16_to_f32(dx), acc)
 }
 
-/// The reference: one plain weight row (`k / 32` blocks of `t`, q4_0 or iq4_nl) against one
-/// q8_0 activation row, with ggml's repack arithmetic (see the module's documentation).
+/// Bytes of one mxfp4 block: its e8m0 scale byte and 16 bytes of nibbles.
+const MX_BLOCK: usize = 17;
+
+/// The reference: one plain weight row (`k / 32` blocks of `t`: q4_0, iq4_nl or mxfp4)
+/// against one q8_0 activation row, with ggml's repack arithmetic (see the module's
+/// documentation; mxfp4's block scale is `GGML_E8M0_TO_FP32_HALF` of its first byte, which
+/// multiplies the activations' f16 scale, rounded, before the FMA, as in ggml's template).
 pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(
-        tessera::layout::repack_numerics(t),
-        "no repack arithmetic for {t}"
+        tessera::layout::repack_numerics(t) && t != DType::Q4K,
+        "no repack arithmetic on 32-element blocks for {t}"
     );
     let mut acc = 0f32;
+    let wbytes = if t == DType::MXFP4 { MX_BLOCK } else { BLOCK };
     for (wb, xb) in w
-        .chunks_exact(BLOCK)
+        .chunks_exact(wbytes)
         .zip(x.chunks_exact(QBLOCK))
         .take(k / 32)
     {
-        let isum = block_isum(t, &wb[2..], &xb[2..]);
-        let dw = u16::from_le_bytes([wb[0], wb[1]]);
         let dx = u16::from_le_bytes([xb[0], xb[1]]);
-        acc = step(acc, isum, dw, dx);
+        acc = if t == DType::MXFP4 {
+            let isum = block_isum(t, &wb[1..], &xb[2..]);
+            (isum as f32).mul_add(e8m0_half(wb[0]) * f16_to_f32(dx), acc)
+        } else {
+            let isum = block_isum(t, &wb[2..], &xb[2..]);
+            step(acc, isum, u16::from_le_bytes([wb[0], wb[1]]), dx)
+        };
     }
     acc
+}
+
+/// mxfp4 with ggml's repack arithmetic on eight plain rows (`g`: eight consecutive rows of
+/// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are):
+/// AVX2 where the CPU has it (each row's block to one 256-bit vector of its 32 codebook
+/// values, `vpmaddubsw` of their magnitudes with the activations' signs made theirs, exact
+/// for q8_0's ±127, the eight rows' integers reduced together, then one conversion and FMA
+/// for the eight), else [`vec_dot_ref`] row by row.
+fn mxfp4_rows8(isa: Isa, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    let (nb, row) = (k / 32, k / 32 * MX_BLOCK);
+    assert!(
+        g.len() >= 8 * row && x.len() >= nb * QBLOCK,
+        "repack mxfp4: k={k}, eight rows in {} bytes, {} activation bytes",
+        g.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && super::qdot::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
+        // and x nb activation blocks (asserted above).
+        return unsafe { avx2::mxfp4_rows8(g.as_ptr(), row, x.as_ptr(), nb) };
+    }
+    let _ = isa;
+    std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k))
 }
 
 /// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
@@ -90,6 +125,9 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
     if t == DType::Q4K {
         return super::qgemv_repack_k::vec_dot8(isa, g, x, k);
+    }
+    if t == DType::MXFP4 {
+        return mxfp4_rows8(isa, g, x, k);
     }
     let nb = k / 32;
     assert!(
@@ -147,7 +185,7 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
 /// Xeon: one group a call 112 tokens/s, against 155 for the plain rows).
 pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -> [[f32; 8]; 4] {
     #[cfg(target_arch = "x86_64")]
-    if has_four_group_kernel(isa) && t != DType::Q4K {
+    if has_four_group_kernel(isa) && t != DType::Q4K && t != DType::MXFP4 {
         let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
@@ -215,7 +253,7 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
         return super::qgemv_repack_k::vec_dot8x4(isa, g, x, k);
     }
     #[cfg(target_arch = "x86_64")]
-    if has_four_column_kernel(isa) {
+    if has_four_column_kernel(isa) && t != DType::MXFP4 {
         let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
@@ -460,6 +498,62 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// See `super::mxfp4_rows8`: eight plain mxfp4 rows (`row` bytes apart) against one q8_0
+    /// activation row, ggml's repack arithmetic.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; eight rows of `nb` 17-byte blocks at `g`, `row` bytes
+    /// apart, and `nb` q8_0 blocks at `x`, whose integers are within ±127 (ggml's
+    /// `quantize_row_q8_0` gives no −128).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mxfp4_rows8(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+        // SAFETY: every load lies inside the rows and activation blocks (caller).
+        unsafe {
+            let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                super::KVALUES_FP4.as_ptr() as *const __m128i
+            ));
+            let m4 = _mm_set1_epi8(15);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..nb {
+                let xb = x.add(b * super::QBLOCK);
+                let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                let blk: [*const u8; 8] =
+                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
+                // each row's 32 values (elements 0-15 from the low nibbles, 16-31 from the
+                // high ones) times the activations, as eight dword sums of four
+                let mut p = [_mm256_setzero_si256(); 8];
+                for (p, &w) in p.iter_mut().zip(&blk) {
+                    let q = _mm_loadu_si128(w.add(1) as *const __m128i);
+                    let codes = _mm256_set_m128i(
+                        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+                        _mm_and_si128(q, m4),
+                    );
+                    let v = _mm256_shuffle_epi8(lut, codes);
+                    let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v));
+                    *p = _mm256_madd_epi16(prod, ones);
+                }
+                // the eight rows' block sums in lanes 0-7 (exact integer additions)
+                let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                let h45 = _mm256_hadd_epi32(p[4], p[5]);
+                let h67 = _mm256_hadd_epi32(p[6], p[7]);
+                let lo = _mm256_hadd_epi32(h01, h23);
+                let hi = _mm256_hadd_epi32(h45, h67);
+                let isum = _mm256_add_epi32(
+                    _mm256_permute2x128_si256::<0x20>(lo, hi),
+                    _mm256_permute2x128_si256::<0x31>(lo, hi),
+                );
+                let dx = _mm256_cvtph_ps(_mm_set1_epi16((xb as *const i16).read_unaligned()));
+                let scale = _mm256_mul_ps(super::super::qgemv_0::e8m0_half8(&blk), dx);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+            }
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+            out
+        }
+    }
 
     use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
 

@@ -185,7 +185,7 @@ impl Graph {
 
     /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
     /// takes a contiguous q4_0, q4_1 or iq4_nl leaf with a multiple of eight rows that is not
-    /// a param (the repacked one q4_0, iq4_nl or q4_K); planning then checks that only
+    /// a param (the repacked one q4_0, iq4_nl, q4_K or mxfp4); planning then checks that only
     /// `mul_mat` reads it, as its first operand.
     pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
         let t = self.tensor(id);
@@ -193,7 +193,10 @@ impl Graph {
             let why = if t.op != Op::Leaf {
                 Some(format!("it is the result of {}", t.op))
             } else if layout == RowLayout::Repacked8 && !crate::layout::repack_numerics(t.dtype) {
-                Some("only q4_0, iq4_nl and q4_K rows have ggml's repack arithmetic".to_string())
+                Some(
+                    "only q4_0, iq4_nl, q4_K and mxfp4 rows have ggml's repack arithmetic"
+                        .to_string(),
+                )
             } else if layout == RowLayout::Interleaved8
                 && crate::layout::interleave_head(t.dtype).is_none()
             {
