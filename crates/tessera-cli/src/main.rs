@@ -131,7 +131,7 @@ enum Cmd {
         /// --interleave` lays out a model's weights (and `tessera run` does by default on AMD).
         #[arg(long)]
         interleave: bool,
-        /// The quant section's q4_0, iq4_nl and q4_K weights with the arithmetic of ggml's CPU
+        /// The quant section's q4_0, iq4_nl, q4_K and mxfp4 weights with the arithmetic of ggml's CPU
         /// repack buffer (`tessera::RowLayout::Repacked8`), as `tessera run --repack` computes
         /// them (other types as without it, or as --interleave says).
         #[arg(long)]

@@ -293,39 +293,64 @@ const EXPECTED: [Expected; 2] = [
 const FP_Q4_0: u64 = 0x233f_c7a8_149a_5d46;
 const FP_IQ4_NL: u64 = 0xad8f_d9d9_2ae1_00e4;
 
-/// `--repack` on q4_K weights against llama.cpp end to end, logit by logit: the default model
-/// requantized by `tessera quantize Q4_K --pure` (its 30 ffn_down matrices q4_K, the rest q5_0,
-/// whose rows are not a multiple of 256), then llama.cpp's 49152 logits after "Once upon a
-/// time" and each of 8 greedy steps, and after a 45-token prompt (eleven whole fours of
-/// columns and one left over: both of ggml's q4_K roundings), each pinned by an FNV-1a hash of
-/// their bits. The two llama.cpp runs: 0.3.36 built for AVX2 without AVX-512 and AMX (as in
-/// `EXPECTED`), with its default CPU_REPACK buffer (`q4_K_8x8`) and with `use_extra_bufts =
-/// false`; the two arithmetics give no equal logit (up to 0.56 apart), though the same greedy
-/// tokens. Tessera must give each run's every bit, with and without `--repack`'s layout, at
-/// one and two threads.
+/// A file for [`repack_gives_llama_cpps_default_logits`]: the default model requantized by
+/// `tessera quantize` to `ftype` (`--pure` or not), its fingerprint, and llama.cpp's logits
+/// hashes (the 4-token prompt and 8 greedy steps, the 45-token prompt) with `--no-repack`
+/// and with its default CPU_REPACK buffer.
+struct LogitCase {
+    ftype: &'static str,
+    pure: bool,
+    fingerprint: u64,
+    no_repack: (u64, u64),
+    repack: (u64, u64),
+}
+
+/// - Q4_K `--pure`: its 30 ffn_down matrices q4_K (`q4_K_8x8`), the rest q5_0, whose rows are
+///   not a multiple of 256; the two arithmetics give no equal logit (up to 0.56 apart), though
+///   the same greedy tokens.
+/// - mxfp4: every matrix mxfp4 (`mxfp4_8x8`), the embedding table too, which llama.cpp also
+///   loads a second time for the tied output's `mul_mat` and repacks.
+/// - Q4_0 `--pure`: every matrix q4_0 (`q4_0_8x8`), the tied output matrix as above.
+const LOGIT_CASES: [LogitCase; 3] = [
+    LogitCase {
+        ftype: "Q4_K",
+        pure: true,
+        fingerprint: 0x8fe5_8bbc_071b_a40a,
+        no_repack: (0x24ab_7b9a_3909_48d7, 0x240b_b04a_bc13_69ae),
+        repack: (0x79a4_de91_49e3_7525, 0x47f4_f9a0_6628_bd2b),
+    },
+    LogitCase {
+        ftype: "mxfp4",
+        pure: false,
+        fingerprint: 0x2cef_21f5_ba91_80e5,
+        no_repack: (0x3723_17be_d754_b50d, 0x236c_c6f5_2dc1_c1e3),
+        repack: (0xc3f0_f99f_4b71_201b, 0x071a_f1a9_024d_9dcc),
+    },
+    LogitCase {
+        ftype: "Q4_0",
+        pure: true,
+        fingerprint: 0xb127_de69_a83a_b90e,
+        no_repack: (0xf071_390d_ff8a_620e, 0x63f6_74e5_83b5_8721),
+        repack: (0xacbf_b679_fd88_49a7, 0xb8fd_811a_e1e3_00b8),
+    },
+];
+
+/// `--repack` against llama.cpp end to end, logit by logit, on the files of [`LOGIT_CASES`]:
+/// llama.cpp's 49152 logits after "Once upon a time" and each of 8 greedy steps, and after a
+/// 45-token prompt (eleven whole fours of columns and one left over: both of ggml's q4_K
+/// roundings), each pinned by an FNV-1a hash of their bits. The llama.cpp runs: 0.3.36 built
+/// for AVX2 without AVX-512 and AMX (as in `EXPECTED`), flash attention on, f16 KV cache,
+/// with its default CPU_REPACK buffer and with `use_extra_bufts = false`; one and two threads
+/// gave the same bits. Tessera must give each run's every bit, with and without `--repack`'s
+/// layout, at one and two threads.
 #[test]
-fn repack_gives_llama_cpps_default_logits_for_q4_k() {
+fn repack_gives_llama_cpps_default_logits() {
     let Some(model) = tessera_llm::fetch::model_for_tests() else {
         return;
     };
     let dir: PathBuf =
-        std::env::temp_dir().join(format!("tessera-repack-k-{}", std::process::id()));
+        std::env::temp_dir().join(format!("tessera-repack-logits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let q = dir.join("smollm2-q4_k-pure.gguf");
-    let (code, _, err) = tessera(&[
-        "quantize",
-        model.to_str().unwrap(),
-        q.to_str().unwrap(),
-        "Q4_K",
-        "--pure",
-        "--allow-requantize",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(
-        fingerprint(&q),
-        FP_Q4_K_PURE,
-        "not the file llama.cpp's logits were taken from"
-    );
     let hash = |h: u64, logits: &[f32]| {
         logits.iter().fold(h, |h, v| {
             (h ^ v.to_bits() as u64).wrapping_mul(0x0000_0100_0000_01b3)
@@ -333,52 +358,71 @@ fn repack_gives_llama_cpps_default_logits_for_q4_k() {
     };
     let mut long = vec![6403u32, 1980, 253, 655];
     long.extend((4..45).map(|i| ((1000 + 37 * i) % 49152) as u32));
-    for (repack, want_steps, want_long) in [
-        (false, 0x24ab_7b9a_3909_48d7u64, 0x240b_b04a_bc13_69aeu64),
-        (true, 0x79a4_de91_49e3_7525, 0x47f4_f9a0_6628_bd2b),
-    ] {
-        let mut m = tessera_llm::Model::load(&q).unwrap();
-        if repack {
-            m = m.with_repacked_rows().unwrap();
+    for case in &LOGIT_CASES {
+        let q = dir.join(format!("smollm2-{}.gguf", case.ftype));
+        let mut args = vec![
+            "quantize",
+            model.to_str().unwrap(),
+            q.to_str().unwrap(),
+            case.ftype,
+            "--allow-requantize",
+        ];
+        if case.pure {
+            args.push("--pure");
         }
-        let m = std::sync::Arc::new(m);
-        for threads in [1, 2] {
-            let params = tessera_llm::ContextParams {
-                n_ctx: 512,
-                n_threads: threads,
-                ..Default::default()
-            };
-            let mut ctx =
-                tessera_llm::Context::new(std::sync::Arc::clone(&m), params.clone()).unwrap();
-            let mut logits = ctx.eval(&[6403, 1980, 253, 655], false).unwrap().to_vec();
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
-            for step in 0..=8 {
-                h = hash(h, &logits);
-                if step < 8 {
-                    let best =
-                        (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-                    logits = ctx.eval(&[best as u32], false).unwrap().to_vec();
-                }
+        let (code, _, err) = tessera(&args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            fingerprint(&q),
+            case.fingerprint,
+            "{}: not the file llama.cpp's logits were taken from",
+            case.ftype
+        );
+        for (repack, (want_steps, want_long)) in [(false, case.no_repack), (true, case.repack)] {
+            let mut m = tessera_llm::Model::load(&q).unwrap();
+            if repack {
+                m = m.with_repacked_rows().unwrap();
             }
-            assert_eq!(
-                h, want_steps,
-                "repack {repack}, {threads} threads: the logits of the 4-token prompt and 8 \
-                 steps are not llama.cpp's"
-            );
-            let mut ctx = tessera_llm::Context::new(std::sync::Arc::clone(&m), params).unwrap();
-            let logits = ctx.eval(&long, false).unwrap().to_vec();
-            assert_eq!(
-                hash(0xcbf2_9ce4_8422_2325, &logits),
-                want_long,
-                "repack {repack}, {threads} threads: the logits of the 45-token prompt are not \
-                 llama.cpp's"
-            );
+            let m = std::sync::Arc::new(m);
+            for threads in [1, 2] {
+                let params = tessera_llm::ContextParams {
+                    n_ctx: 512,
+                    n_threads: threads,
+                    ..Default::default()
+                };
+                let mut ctx =
+                    tessera_llm::Context::new(std::sync::Arc::clone(&m), params.clone()).unwrap();
+                let mut logits = ctx.eval(&[6403, 1980, 253, 655], false).unwrap().to_vec();
+                let mut h = 0xcbf2_9ce4_8422_2325u64;
+                for step in 0..=8 {
+                    h = hash(h, &logits);
+                    if step < 8 {
+                        let best =
+                            (0..logits.len())
+                                .fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+                        logits = ctx.eval(&[best as u32], false).unwrap().to_vec();
+                    }
+                }
+                assert_eq!(
+                    h, want_steps,
+                    "{}: repack {repack}, {threads} threads: the logits of the 4-token prompt \
+                     and 8 steps are not llama.cpp's",
+                    case.ftype
+                );
+                let mut ctx = tessera_llm::Context::new(std::sync::Arc::clone(&m), params).unwrap();
+                let logits = ctx.eval(&long, false).unwrap().to_vec();
+                assert_eq!(
+                    hash(0xcbf2_9ce4_8422_2325, &logits),
+                    want_long,
+                    "{}: repack {repack}, {threads} threads: the logits of the 45-token prompt \
+                     are not llama.cpp's",
+                    case.ftype
+                );
+            }
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
-
-const FP_Q4_K_PURE: u64 = 0x8fe5_8bbc_071b_a40a;
 
 #[test]
 fn repack_gives_llama_cpps_default_tokens_and_plain_rows_its_no_repack_ones() {

@@ -259,30 +259,54 @@ impl Model {
         self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
     }
 
-    /// Has the weights that llama.cpp's CPU backend repacks on x86 (q4_0, iq4_nl and q4_K
-    /// 2-D matrices of whole groups of eight rows read by `mul_mat`; not the embedding table,
-    /// nor the output matrix when it is that table) computed with the arithmetic of ggml's
-    /// repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the results of
-    /// llama.cpp's default on x86 rather than of its `--no-repack`, which is what the plain
-    /// rows give. The q4_0 and iq4_nl ones are copied into interleaved rows; the q4_K ones
-    /// stay mapped. Other weights are as before (interleaved q4_1 too, if chosen).
+    /// Has the weights that llama.cpp's CPU backend repacks on x86 (q4_0, iq4_nl, q4_K and mxfp4
+    /// 2-D matrices of whole groups of eight rows read by `mul_mat`: not the embedding table,
+    /// which `get_rows` reads, but the output matrix when it is that table, which llama.cpp
+    /// loads a second time for the output's `mul_mat` and repacks) computed with the
+    /// arithmetic of ggml's repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the
+    /// results of llama.cpp's default on x86 rather than of its `--no-repack`, which is what
+    /// the plain rows give. The q4_0 and iq4_nl ones are copied into interleaved rows (a tied
+    /// output matrix too, while the embedding lookups read the mapped table); the q4_K and
+    /// mxfp4 ones stay mapped. Other weights are as before (interleaved q4_1 too, if chosen).
     pub fn with_repacked_rows(self) -> Result<Model> {
         let mut m = self.with_interleaved_rows_where(|t| {
             tessera::layout::repack_numerics(t) && tessera::layout::interleave_head(t).is_some()
         })?;
         m.repacked = true;
+        let repackable = |t: &TensorInfo| {
+            tessera::layout::repack_numerics(t.dtype) && t.n_dims == 2 && t.ne[1].is_multiple_of(8)
+        };
+        // the output matrix when it is the embedding table (no output.weight)
+        let tied = (!m.has_tensor("output.weight"))
+            .then(|| m.file.tensor("token_embd.weight"))
+            .flatten()
+            .filter(|t| repackable(t))
+            .cloned();
         m.repacked_plain = m
             .file
             .tensors
             .iter()
             .filter(|t| {
-                t.dtype == DType::Q4K
-                    && t.n_dims == 2
-                    && t.ne[1].is_multiple_of(8)
-                    && !t.name.contains("_embd")
+                repackable(t)
+                    && tessera::layout::interleave_head(t.dtype).is_none()
+                    && (!t.name.contains("_embd")
+                        || tied.as_ref().is_some_and(|e| e.name == t.name))
             })
             .map(|t| t.name.clone())
             .collect();
+        if let Some(t) = tied.filter(|t| tessera::layout::interleave_head(t.dtype).is_some()) {
+            // read as ggml's rows by `get_rows` (the mapped table) and through this copy by the
+            // output's `mul_mat` (`weight_buffer_as` binds a leaf by its layout)
+            let (bytes, off) = m.tensor_bytes(&t);
+            let plain = &(*bytes).as_ref()[off..off + t.size];
+            let mut out = vec![0u8; t.size];
+            let row = t.dtype.row_size(t.ne[0]).ok_or_else(|| {
+                LlmError::Invalid(format!("tensor {}: no row size for {}", t.name, t.dtype))
+            })?;
+            tessera::layout::interleave8(t.dtype, row, plain, &mut out)
+                .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
+            m.interleaved.insert(t.name.clone(), Arc::new(out));
+        }
         Ok(m)
     }
 
