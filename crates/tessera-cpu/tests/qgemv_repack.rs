@@ -87,6 +87,16 @@ fn mul_mat(c: &QmmCase, layout: RowLayout) -> (Session, tessera::TensorId) {
     (s, y)
 }
 
+/// Asserts that more than `1 / part` of the cases' results have other bits in the plain
+/// layout than `want` (so that the fixture tells the two arithmetics apart).
+fn assert_plain_differs(cases: &[QmmCase], part: usize) {
+    let (differ, total) = plain_results_differing(cases);
+    assert!(
+        differ * part > total,
+        "only {differ} of {total} plain results differ"
+    );
+}
+
 /// How many of the cases' results the plain layout gives with other bits than `want`, of
 /// how many.
 fn plain_results_differing(cases: &[QmmCase]) -> (usize, usize) {
@@ -118,11 +128,7 @@ fn repacked_rows_equal_ggml_repack_mul_mat() {
         assert_every_config_gives(c, "ggml's repack gives");
     }
     assert!(seen.0 && seen.1 && cases.len() >= 10);
-    let (differ, total) = plain_results_differing(&cases);
-    assert!(
-        differ * 3 > total,
-        "only {differ} of {total} plain results differ"
-    );
+    assert_plain_differs(&cases, 3);
 }
 
 /// Random rows and adversarial ones (extreme and special f16 scales, codes at both ends):
@@ -384,11 +390,7 @@ fn repacked_q4_k_rows_equal_ggml_repack_mul_mat() {
         s.set_bytes(a, &c.w).unwrap();
         assert_eq!(s.get_bytes(a).unwrap(), c.w);
     }
-    let (differ, total) = plain_results_differing(&cases);
-    assert!(
-        differ * 2 > total,
-        "only {differ} of {total} plain results differ"
-    );
+    assert_plain_differs(&cases, 2);
 }
 
 /// The scalar ISA, this CPU's best, and AVX2 on a CPU that prefers another.
@@ -584,11 +586,7 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
     for c in &cases {
         assert_every_config_gives(c, "ggml's repack gives");
     }
-    let (differ, total) = plain_results_differing(&cases);
-    assert!(
-        differ * 3 > total,
-        "only {differ} of {total} plain results differ"
-    );
+    assert_plain_differs(&cases, 3);
 }
 
 /// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at

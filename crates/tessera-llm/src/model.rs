@@ -297,17 +297,23 @@ impl Model {
         if let Some(t) = tied.filter(|t| tessera::layout::interleave_head(t.dtype).is_some()) {
             // read as ggml's rows by `get_rows` (the mapped table) and through this copy by the
             // output's `mul_mat` (`weight_buffer_as` binds a leaf by its layout)
-            let (bytes, off) = m.tensor_bytes(&t);
-            let plain = &(*bytes).as_ref()[off..off + t.size];
-            let mut out = vec![0u8; t.size];
-            let row = t.dtype.row_size(t.ne[0]).ok_or_else(|| {
-                LlmError::Invalid(format!("tensor {}: no row size for {}", t.name, t.dtype))
-            })?;
-            tessera::layout::interleave8(t.dtype, row, plain, &mut out)
-                .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
+            let out = m.interleaved_copy(&t)?;
             m.interleaved.insert(t.name.clone(), Arc::new(out));
         }
         Ok(m)
+    }
+
+    /// Tensor `t`'s rows interleaved by eight (`tessera::layout::interleave8`), copied.
+    fn interleaved_copy(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        let (bytes, off) = self.tensor_bytes(t);
+        let plain = &(*bytes).as_ref()[off..off + t.size];
+        let mut out = vec![0u8; t.size];
+        let row = t.dtype.row_size(t.ne[0]).ok_or_else(|| {
+            LlmError::Invalid(format!("tensor {}: no row size for {}", t.name, t.dtype))
+        })?;
+        tessera::layout::interleave8(t.dtype, row, plain, &mut out)
+            .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
+        Ok(out)
     }
 
     /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1
@@ -322,14 +328,7 @@ impl Model {
             if !eligible {
                 continue;
             }
-            let (bytes, off) = self.tensor_bytes(t);
-            let plain = &(*bytes).as_ref()[off..off + t.size];
-            let mut out = vec![0u8; t.size];
-            let row = t.dtype.row_size(t.ne[0]).ok_or_else(|| {
-                LlmError::Invalid(format!("tensor {}: no row size for {}", t.name, t.dtype))
-            })?;
-            tessera::layout::interleave8(t.dtype, row, plain, &mut out)
-                .map_err(|e| LlmError::Invalid(format!("tensor {}: {e}", t.name)))?;
+            let out = self.interleaved_copy(t)?;
             self.interleaved.insert(t.name.clone(), Arc::new(out));
         }
         // The copied weights' mapped pages are not read again (unless a training graph reads
