@@ -590,7 +590,7 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
 }
 
 /// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at
-/// ±127, scale bytes from 0 (a subnormal 2^-128) to 254 (2^126), extreme f16 activation
+/// ±127 and −128, scale bytes from 0 (a subnormal 2^-128) to 254 (2^126), extreme f16 activation
 /// scales): on every ISA, row by row the definition's bits, and the four-column and four-group
 /// entry points those of one column and one group.
 #[test]
@@ -621,11 +621,7 @@ fn mxfp4_kernels_equal_the_definition() {
             }
             for (i, b) in x.iter_mut().enumerate() {
                 if i % 34 >= 2 && rng.below(2) == 0 {
-                    *b = if rng.below(2) == 0 {
-                        127
-                    } else {
-                        (-127i8) as u8
-                    };
+                    *b = [127u8, (-127i8) as u8, (-128i8) as u8][rng.below(3)];
                 }
             }
             for blk in x.chunks_exact_mut(34) {

@@ -96,27 +96,27 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 }
 
 /// mxfp4 with ggml's repack arithmetic on eight plain rows (`g`: eight consecutive rows of
-/// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are):
-/// AVX2 where the CPU has it (each row's block to one 256-bit vector of its 32 codebook
-/// values, `vpmaddubsw` of their magnitudes with the activations' signs made theirs, exact
-/// for q8_0's ±127, the eight rows' integers reduced together, then one conversion and FMA
-/// for the eight), else [`vec_dot_ref`] row by row.
-fn mxfp4_rows8(isa: Isa, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+/// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are)
+/// against `C` activation rows, `out[c][r]`: AVX2 where the CPU has it (each row's block to
+/// one 256-bit vector of its 32 codebook values, once for the `C` columns; `vpmaddubsw` of the
+/// activations' magnitudes with the values given their signs, exact for every q8_0 byte; the
+/// eight rows' integers reduced together, then one conversion and FMA for the eight), else
+/// [`vec_dot_ref`] row by row.
+fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [[f32; 8]; C] {
     let (nb, row) = (k / 32, k / 32 * MX_BLOCK);
     assert!(
-        g.len() >= 8 * row && x.len() >= nb * QBLOCK,
-        "repack mxfp4: k={k}, eight rows in {} bytes, {} activation bytes",
-        g.len(),
-        x.len()
+        g.len() >= 8 * row && x.iter().all(|x| x.len() >= nb * QBLOCK),
+        "repack mxfp4: k={k}, eight rows in {} bytes",
+        g.len()
     );
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && super::qdot::avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
-        // and x nb activation blocks (asserted above).
-        return unsafe { avx2::mxfp4_rows8(g.as_ptr(), row, x.as_ptr(), nb) };
+        // and every x nb activation blocks (asserted above).
+        return unsafe { avx2::mxfp4_rows8(g.as_ptr(), row, x.map(|x| x.as_ptr()), nb) };
     }
     let _ = isa;
-    std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k))
+    x.map(|x| std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k)))
 }
 
 /// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
@@ -127,7 +127,7 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
         return super::qgemv_repack_k::vec_dot8(isa, g, x, k);
     }
     if t == DType::MXFP4 {
-        return mxfp4_rows8(isa, g, x, k);
+        return mxfp4_rows8(isa, g, [x], k)[0];
     }
     let nb = k / 32;
     assert!(
@@ -252,8 +252,11 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
     if t == DType::Q4K {
         return super::qgemv_repack_k::vec_dot8x4(isa, g, x, k);
     }
+    if t == DType::MXFP4 {
+        return mxfp4_rows8(isa, g, x, k);
+    }
     #[cfg(target_arch = "x86_64")]
-    if has_four_column_kernel(isa) && t != DType::MXFP4 {
+    if has_four_column_kernel(isa) {
         let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
@@ -499,15 +502,20 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// See `super::mxfp4_rows8`: eight plain mxfp4 rows (`row` bytes apart) against one q8_0
-    /// activation row, ggml's repack arithmetic.
+    /// See `super::mxfp4_rows8`: eight plain mxfp4 rows (`row` bytes apart) against `C` q8_0
+    /// activation rows, ggml's repack arithmetic; `out[c][r]`. Per block each row's 32 values
+    /// are unpacked once for the `C` columns.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; eight rows of `nb` 17-byte blocks at `g`, `row` bytes
-    /// apart, and `nb` q8_0 blocks at `x`, whose integers are within ±127 (ggml's
-    /// `quantize_row_q8_0` gives no −128).
+    /// apart, and `nb` q8_0 blocks at every `x`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mxfp4_rows8(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+    pub unsafe fn mxfp4_rows8<const C: usize>(
+        g: *const u8,
+        row: usize,
+        x: [*const u8; C],
+        nb: usize,
+    ) -> [[f32; 8]; C] {
         // SAFETY: every load lies inside the rows and activation blocks (caller).
         unsafe {
             let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
@@ -515,42 +523,52 @@ mod avx2 {
             ));
             let m4 = _mm_set1_epi8(15);
             let ones = _mm256_set1_epi16(1);
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); C];
             for b in 0..nb {
-                let xb = x.add(b * super::QBLOCK);
-                let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
                 let blk: [*const u8; 8] =
                     std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
-                // each row's 32 values (elements 0-15 from the low nibbles, 16-31 from the
-                // high ones) times the activations, as eight dword sums of four
-                let mut p = [_mm256_setzero_si256(); 8];
-                for (p, &w) in p.iter_mut().zip(&blk) {
+                // each row's 32 values: elements 0-15 from the low nibbles, 16-31 from the
+                // high ones
+                let mut v = [_mm256_setzero_si256(); 8];
+                for (v, &w) in v.iter_mut().zip(&blk) {
                     let q = _mm_loadu_si128(w.add(1) as *const __m128i);
                     let codes = _mm256_set_m128i(
                         _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
                         _mm_and_si128(q, m4),
                     );
-                    let v = _mm256_shuffle_epi8(lut, codes);
-                    let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v));
-                    *p = _mm256_madd_epi16(prod, ones);
+                    *v = _mm256_shuffle_epi8(lut, codes);
                 }
-                // the eight rows' block sums in lanes 0-7 (exact integer additions)
-                let h01 = _mm256_hadd_epi32(p[0], p[1]);
-                let h23 = _mm256_hadd_epi32(p[2], p[3]);
-                let h45 = _mm256_hadd_epi32(p[4], p[5]);
-                let h67 = _mm256_hadd_epi32(p[6], p[7]);
-                let lo = _mm256_hadd_epi32(h01, h23);
-                let hi = _mm256_hadd_epi32(h45, h67);
-                let isum = _mm256_add_epi32(
-                    _mm256_permute2x128_si256::<0x20>(lo, hi),
-                    _mm256_permute2x128_si256::<0x31>(lo, hi),
-                );
-                let dx = _mm256_cvtph_ps(_mm_set1_epi16((xb as *const i16).read_unaligned()));
-                let scale = _mm256_mul_ps(super::super::qgemv_0::e8m0_half8(&blk), dx);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+                let sw = super::super::qgemv_0::e8m0_half8(&blk);
+                for (acc, &x) in acc.iter_mut().zip(&x) {
+                    let xb = x.add(b * super::QBLOCK);
+                    let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                    // |y| (unsigned, so −128 too) times the values with y's signs (|v| ≤ 12):
+                    // exact pair sums, then eight dword sums of four per row
+                    let ya = _mm256_sign_epi8(y, y);
+                    let mut p = [_mm256_setzero_si256(); 8];
+                    for (p, &v) in p.iter_mut().zip(&v) {
+                        let prod = _mm256_maddubs_epi16(ya, _mm256_sign_epi8(v, y));
+                        *p = _mm256_madd_epi16(prod, ones);
+                    }
+                    // the eight rows' block sums in lanes 0-7 (exact integer additions)
+                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                    let h45 = _mm256_hadd_epi32(p[4], p[5]);
+                    let h67 = _mm256_hadd_epi32(p[6], p[7]);
+                    let lo = _mm256_hadd_epi32(h01, h23);
+                    let hi = _mm256_hadd_epi32(h45, h67);
+                    let isum = _mm256_add_epi32(
+                        _mm256_permute2x128_si256::<0x20>(lo, hi),
+                        _mm256_permute2x128_si256::<0x31>(lo, hi),
+                    );
+                    let dx = _mm256_cvtph_ps(_mm_set1_epi16((xb as *const i16).read_unaligned()));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sw, dx), *acc);
+                }
             }
-            let mut out = [0f32; 8];
-            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+            let mut out = [[0f32; 8]; C];
+            for (o, a) in out.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(o.as_mut_ptr(), *a);
+            }
             out
         }
     }
