@@ -43,7 +43,7 @@ fn fixture_q4_k() -> Vec<QmmCase> {
 /// (gcc 12, a native build on an AMD Zen 4 with AVX-512): mxfp4 weights put in the
 /// `CPU_REPACK` buffer type (ggml reported `mxfp4_8x8` repacking), f32 activations, the results
 /// of `ggml_mul_mat` computed by `ggml_backend_graph_compute` (1 and 2 threads gave the same
-/// bytes; against the plain buffer 309 of 712 results differ). Twelve cases: K 32-2048, 8-32
+/// bytes; against the plain buffer 309 of 752 results differ). Twelve cases: K 32-2048, 8-32
 /// rows, 1-17 columns; six with weights from `ggml_quantize_chunk`, six with random bytes,
 /// three of them with scale bytes 0-5 and activations near 10⁻³, so that the products of the
 /// two scales and the results are subnormal, and three with scale bytes 100-155. Format:
@@ -578,7 +578,7 @@ fn the_q4_k_definition_is_a_dot_product() {
 
 /// mxfp4: every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar
 /// one too) and thread count, subnormal products of the scales included; the plain layout
-/// differs from it in many results.
+/// differs from it in many results on x86, in a few on the portable path.
 #[test]
 fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
     let cases = fixture_mxfp4();
@@ -586,7 +586,13 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
     for c in &cases {
         assert_every_config_gives(c, "ggml's repack gives");
     }
+    // x86's plain kernels keep eight lane sums per block; the portable path (ggml's generic
+    // C) multiplies each block's sum by the rounded product of the scales and adds it, which
+    // only the last rounding of each block tells from the repack FMA (5 of 752 differ)
+    #[cfg(target_arch = "x86_64")]
     assert_plain_differs(&cases, 3);
+    #[cfg(not(target_arch = "x86_64"))]
+    assert_plain_differs(&cases, 200);
 }
 
 /// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at
