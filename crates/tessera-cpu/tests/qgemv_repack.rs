@@ -154,15 +154,7 @@ fn kernels_equal_the_definition() {
         };
         let k = 32 * (1 + rng.below(40));
         let row = t.row_size(k).unwrap();
-        let mut plain = vec![0u8; 8 * row];
-        for r in 0..8 {
-            let v: Vec<f32> = (0..k).map(|_| rng.uniform(-2.0, 2.0)).collect();
-            tessera_quants::quantize_row(t.id(), &v, &mut plain[r * row..(r + 1) * row], None)
-                .unwrap();
-        }
-        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-3.0, 3.0)).collect();
-        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
-        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let (mut plain, mut x) = rows8_and_q8_0(t, k, &mut rng);
         if case >= 30 {
             // adversarial: all codes 0 or 15, activations ±127, extreme scales
             for (i, b) in plain.iter_mut().enumerate() {
@@ -191,13 +183,7 @@ fn kernels_equal_the_definition() {
         tessera::layout::interleave8(t, row, &plain, &mut g).unwrap();
         // three more columns for the four-column kernel: x's blocks in another order
         let nb = k / 32;
-        let others: Vec<Vec<u8>> = (1..4)
-            .map(|c| {
-                (0..nb)
-                    .flat_map(|b| x[(b * c + c) % nb * 34..][..34].to_vec())
-                    .collect()
-            })
-            .collect();
+        let others = other_columns(&x, nb);
         for &isa in &isas {
             let four = vec_dot8x4(isa, t, &g, [&x, &others[0], &others[1], &others[2]], k);
             for (c, xc) in [&x, &others[0], &others[1], &others[2]].iter().enumerate() {
@@ -391,6 +377,32 @@ fn repacked_q4_k_rows_equal_ggml_repack_mul_mat() {
         assert_eq!(s.get_bytes(a).unwrap(), c.w);
     }
     assert_plain_differs(&cases, 2);
+}
+
+/// Eight random rows of `t` (values in [-2, 2), quantized by ggml's reference quantizer, one
+/// after the other) and a random activation row quantized to q8_0 as mul_mat quantizes it.
+fn rows8_and_q8_0(t: DType, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
+    let row = t.row_size(k).unwrap();
+    let mut plain = vec![0u8; 8 * row];
+    for r in 0..8 {
+        let v: Vec<f32> = (0..k).map(|_| rng.uniform(-2.0, 2.0)).collect();
+        tessera_quants::quantize_row(t.id(), &v, &mut plain[r * row..(r + 1) * row], None).unwrap();
+    }
+    let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-3.0, 3.0)).collect();
+    let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
+    quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+    (plain, x)
+}
+
+/// Three more q8_0 columns for the four-column kernels: `x`'s `nb` blocks in other orders.
+fn other_columns(x: &[u8], nb: usize) -> Vec<Vec<u8>> {
+    (1..4)
+        .map(|c| {
+            (0..nb)
+                .flat_map(|b| x[(b * c + c) % nb * 34..][..34].to_vec())
+                .collect()
+        })
+        .collect()
 }
 
 /// The scalar ISA, this CPU's best, and AVX2 on a CPU that prefers another.
@@ -607,15 +619,7 @@ fn mxfp4_kernels_equal_the_definition() {
     for case in 0..40 {
         let k = 32 * (1 + rng.below(40));
         let row = t.row_size(k).unwrap();
-        let mut plain = vec![0u8; 8 * row];
-        for r in 0..8 {
-            let v: Vec<f32> = (0..k).map(|_| rng.uniform(-2.0, 2.0)).collect();
-            tessera_quants::quantize_row(t.id(), &v, &mut plain[r * row..(r + 1) * row], None)
-                .unwrap();
-        }
-        let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-3.0, 3.0)).collect();
-        let mut x = vec![0u8; DType::Q8_0.row_size(k).unwrap()];
-        quantize_activations(DType::Q8_0, &xv, &mut x).unwrap();
+        let (mut plain, mut x) = rows8_and_q8_0(t, k, &mut rng);
         if case >= 20 {
             for (i, b) in plain.iter_mut().enumerate() {
                 *b = if i % 17 == 0 {
@@ -638,13 +642,7 @@ fn mxfp4_kernels_equal_the_definition() {
             }
         }
         let nb = k / 32;
-        let others: Vec<Vec<u8>> = (1..4)
-            .map(|c| {
-                (0..nb)
-                    .flat_map(|b| x[(b * c + c) % nb * 34..][..34].to_vec())
-                    .collect()
-            })
-            .collect();
+        let others = other_columns(&x, nb);
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
         for &isa in &isas() {
             let got = vec_dot8(isa, t, &plain, &x, k);
