@@ -2309,6 +2309,16 @@ mod tests {
                     });
                     for &isa in &isas {
                         let got = vec_dot8(isa, t, w8, &x, k, 512);
+                        // iq4_xs: the kernel for CPUs without VBMI too, on one that has it
+                        #[cfg(target_arch = "x86_64")]
+                        let without_vbmi =
+                            (t == DType::IQ4XS && eight_row_kernel(isa, t)).then(|| {
+                                // SAFETY: `eight_row_kernel` says the CPU has AVX-512 VNNI (and
+                                // what `vec_dot8` asks); nb superblocks in every row and in x.
+                                unsafe { crate::ops::qgemv_0::iq4_xs8_without_vbmi(w8, &x, k) }
+                            });
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let without_vbmi: Option<[f32; 8]> = None;
                         let mut scratch = vec![0u8; 8 * nb * ws];
                         let inter = group
                             .as_ref()
@@ -2329,6 +2339,13 @@ mod tests {
                                 assert!(
                                     same(v[r]),
                                     "{t} nb {nb} case {case} row {r} {isa:?}: interleaved {} vs vec_dot {one}",
+                                    v[r]
+                                );
+                            }
+                            if let Some(v) = without_vbmi {
+                                assert!(
+                                    same(v[r]),
+                                    "{t} nb {nb} case {case} row {r} {isa:?}: without VBMI {} vs vec_dot {one}",
                                     v[r]
                                 );
                             }
