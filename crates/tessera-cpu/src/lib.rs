@@ -58,9 +58,12 @@ pub fn interleaved_kernel(t: DType) -> bool {
 /// cores (Zen 4: tg128 1.13× on one thread). On Intel's (an Ice Lake server core) decoding
 /// measured no gain, even with the kernels' L2 prefetch (tg128 0.83–1.20× the plain rows,
 /// alternated), against the cost of the copy at load time, so there it is an opt-in
-/// (`tessera run --interleave`).
+/// (`tessera run --interleave`). Nor is iq4_xs interleaved by default on AMD: its
+/// interleaved kernel is 1.3-1.6× the plain rows' with the matrix in L3 on Zen 4, but from
+/// memory it measured no faster (one thread, alternating with the plain rows, on a host whose
+/// read bandwidth swung between 14 and 25 GB/s).
 pub fn interleave_by_default(t: DType) -> bool {
-    simd::amd() && interleaved_kernel(t)
+    simd::amd() && interleaved_kernel(t) && t != DType::IQ4XS
 }
 
 impl CpuBackend {

@@ -268,7 +268,7 @@ fn one_row_kernel_types_compute_every_element_as_vec_dot() {
     }
 }
 
-/// `mul_mat(a, b)` for q4_0/q4_1/iq4_nl weights `av` with `a`'s rows plain or interleaved
+/// `mul_mat(a, b)` for q4_0/q4_1/iq4_nl/iq4_xs weights `av` with `a`'s rows plain or interleaved
 /// (`tessera::layout`): the session and the product's id.
 fn product_with_layout(
     t: DType,
@@ -293,28 +293,44 @@ fn product_with_layout(
 /// on every instruction set and thread count: mat-vec and up to 24 columns through the
 /// eight-row group loop (the interleaved kernels on AVX-512 VNNI), more columns (and iq4_nl's
 /// from two on) through the packed paths with each chunk of rows de-interleaved;
-/// with a batch broadcasting the weights, and an odd last block for iq4_nl. The reference reads
+/// with a batch broadcasting the weights, and an odd last block for iq4_nl; iq4_xs (eight
+/// runs of 16 quant bytes a superblock) with whole superblocks. The reference reads
 /// them as the plain rows, and `get_bytes` gives ggml's bytes back.
 #[test]
 fn interleaved_weights_give_the_plain_bits() {
     use tessera::RowLayout::{Interleaved8, Plain};
     let mut rng = Rng::new(29);
-    for t in [DType::Q4_0, DType::Q4_1, DType::IQ4NL] {
-        for (k, m, n) in [
-            (64usize, 8usize, 1usize),
-            (96, 8, 1),
-            (256, 24, 1),
-            (96, 40, 2),
-            (64, 48, 7),
-            (64, 48, 1),
-            (96, 48, 7),
-            (64, 8, 2),
-            (96, 16, 8),
-            (32, 24, 13),
-            (64, 40, 24),
-            (64, 72, 25),
-            (288, 136, 1),
-        ] {
+    for t in [DType::Q4_0, DType::Q4_1, DType::IQ4NL, DType::IQ4XS] {
+        let shapes: &[(usize, usize, usize)] = if t == DType::IQ4XS {
+            // whole 256-element superblocks
+            &[
+                (256, 8, 1),
+                (512, 24, 1),
+                (256, 40, 2),
+                (256, 48, 7),
+                (512, 16, 8),
+                (256, 40, 24),
+                (256, 72, 25),
+                (768, 136, 1),
+            ]
+        } else {
+            &[
+                (64, 8, 1),
+                (96, 8, 1),
+                (256, 24, 1),
+                (96, 40, 2),
+                (64, 48, 7),
+                (64, 48, 1),
+                (96, 48, 7),
+                (64, 8, 2),
+                (96, 16, 8),
+                (32, 24, 13),
+                (64, 40, 24),
+                (64, 72, 25),
+                (288, 136, 1),
+            ]
+        };
+        for &(k, m, n) in shapes {
             let av: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let bv: Vec<f32> = (0..k * n * 2).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let (mut p, yp, ap) = product_with_layout(t, Plain, &[k, m, 1], &[k, n, 2], &av, &bv);
@@ -387,7 +403,7 @@ fn interleaved_weights_refuse_other_readers() {
     assert!(e.contains("12 rows"), "{e}");
     let a = g.new_tensor(DType::Q8_0, &[64, 16]).unwrap();
     let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
-    assert!(e.contains("q4_0, q4_1 and iq4_nl"), "{e}");
+    assert!(e.contains("q4_0, q4_1, iq4_nl and iq4_xs"), "{e}");
     let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
     g.set_layout(a, Interleaved8).unwrap();
     let e = g.set_param(a).unwrap_err().to_string();

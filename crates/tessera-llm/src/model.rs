@@ -248,7 +248,7 @@ impl Model {
     }
 
     /// Copies the weights that this CPU's eight-row mat-vec kernels read faster with their
-    /// rows interleaved (`tessera::layout`: q4_0, q4_1 and iq4_nl on AVX-512 VNNI) into that
+    /// rows interleaved (`tessera::layout`: q4_0, q4_1, iq4_nl and iq4_xs on AVX-512 VNNI) into that
     /// layout, once; graphs built from now on read those copies in their matrix products.
     /// Embedding tables (read by `get_rows`) stay mapped, and so does everything on other
     /// CPUs: then this changes nothing. The copies are heap memory, as ggml's CPU "repack"
@@ -316,8 +316,8 @@ impl Model {
         Ok(out)
     }
 
-    /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1
-    /// and iq4_nl; e.g. all of them on any CPU, for tests).
+    /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1,
+    /// iq4_nl and iq4_xs; e.g. all of them on any CPU, for tests).
     pub fn with_interleaved_rows_where(mut self, pick: impl Fn(DType) -> bool) -> Result<Model> {
         for t in &self.file.tensors {
             let eligible = tessera::layout::interleave_head(t.dtype).is_some()

@@ -4,10 +4,13 @@
 //! [`RowLayout::Interleaved8`] is this crate's own layout (not a GGUF one; files and the
 //! reference always see ggml's rows): the rows go in groups of eight consecutive rows, and a
 //! group holds, for each block position `i` in turn, the eight rows' block heads (the scale
-//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`), row 0's first, then the
-//! eight rows' quants (16 bytes each). So a group's block `i` is one run of `8 × block bytes`
-//! (144 for q4_0), the eight scales in one load and four rows' quants in one 64-byte load,
-//! and the eight rows stream from memory as one sequential run. It is the idea of ggml's CPU
+//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`, iq4_xs's `d`, `scales_h` and
+//! `scales_l`), row 0's first, then the eight rows' quants 16 bytes at a time: each row's
+//! first 16 bytes, row 0's first, then each row's next 16 (q4_0, q4_1 and iq4_nl have 16;
+//! iq4_xs 128, one run of eight rows' 16 bytes per 32-element sub-block). So a group's block
+//! `i` is one run of `8 × block bytes` (144 for q4_0, 1088 for iq4_xs), the eight scales in
+//! one load and four rows' quants in one 64-byte load, and the eight rows stream from memory
+//! as one sequential run. It is the idea of ggml's CPU
 //! "repack" buffers (`block_q4_0x8`), with a simpler arrangement of the quants (kept as
 //! ggml's `qs`, byte for byte). The size is the plain size: only the order of the bytes
 //! changes.
@@ -73,6 +76,7 @@ pub fn interleave_head(t: DType) -> Option<usize> {
     match t {
         DType::Q4_0 | DType::IQ4NL => Some(2),
         DType::Q4_1 => Some(4),
+        DType::IQ4XS => Some(8),
         _ => None,
     }
 }
@@ -118,6 +122,8 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
         (2, 18, false) => regroup_as::<2, 18, false>(row_bytes, src, out),
         (4, 20, true) => regroup_as::<4, 20, true>(row_bytes, src, out),
         (4, 20, false) => regroup_as::<4, 20, false>(row_bytes, src, out),
+        (8, 136, true) => regroup_as::<8, 136, true>(row_bytes, src, out),
+        (8, 136, false) => regroup_as::<8, 136, false>(row_bytes, src, out),
         _ => unreachable!("{t}: a head of {head} bytes in {block}-byte blocks"),
     }
     Ok(())
@@ -130,7 +136,8 @@ fn regroup_as<const HEAD: usize, const BLOCK: usize, const FORWARD: bool>(
     src: &[u8],
     out: &mut [u8],
 ) {
-    let tail = BLOCK - HEAD;
+    const CHUNK: usize = 16;
+    const { assert!((BLOCK - HEAD).is_multiple_of(CHUNK)) };
     let nb = row_bytes / BLOCK;
     for (g, dst) in src
         .chunks_exact(8 * row_bytes)
@@ -141,13 +148,13 @@ fn regroup_as<const HEAD: usize, const BLOCK: usize, const FORWARD: bool>(
                 // row r's block i: its head and its quants, plain and interleaved
                 let p = r * row_bytes + i * BLOCK;
                 let h = i * 8 * BLOCK + r * HEAD;
-                let q = i * 8 * BLOCK + 8 * HEAD + r * tail;
-                if FORWARD {
-                    dst[h..h + HEAD].copy_from_slice(&g[p..p + HEAD]);
-                    dst[q..q + BLOCK - HEAD].copy_from_slice(&g[p + HEAD..p + BLOCK]);
-                } else {
-                    dst[p..p + HEAD].copy_from_slice(&g[h..h + HEAD]);
-                    dst[p + HEAD..p + BLOCK].copy_from_slice(&g[q..q + BLOCK - HEAD]);
+                let (a, b) = if FORWARD { (p, h) } else { (h, p) };
+                dst[b..b + HEAD].copy_from_slice(&g[a..a + HEAD]);
+                for c in 0..(BLOCK - HEAD) / CHUNK {
+                    let pc = p + HEAD + c * CHUNK;
+                    let q = i * 8 * BLOCK + 8 * HEAD + (8 * c + r) * CHUNK;
+                    let (a, b) = if FORWARD { (pc, q) } else { (q, pc) };
+                    dst[b..b + CHUNK].copy_from_slice(&g[a..a + CHUNK]);
                 }
             }
         }
@@ -160,7 +167,12 @@ mod tests {
 
     #[test]
     fn interleave_round_trips_and_puts_heads_first() {
-        for (t, nb) in [(DType::Q4_0, 3), (DType::Q4_1, 1), (DType::IQ4NL, 5)] {
+        for (t, nb) in [
+            (DType::Q4_0, 3),
+            (DType::Q4_1, 1),
+            (DType::IQ4NL, 5),
+            (DType::IQ4XS, 2),
+        ] {
             let block = t.type_size();
             let head = interleave_head(t).unwrap();
             let row = nb * block;
@@ -173,8 +185,14 @@ mod tests {
             let src = &plain[(8 * g + r) * row + i * block..][..block];
             let grp = &packed[8 * g * row + i * 8 * block..][..8 * block];
             assert_eq!(&grp[r * head..(r + 1) * head], &src[..head]);
-            let tail = block - head;
-            assert_eq!(&grp[8 * head + r * tail..][..tail], &src[head..]);
+            // its quants 16 bytes at a time, each after the other rows' 16 before it
+            for c in 0..(block - head) / 16 {
+                assert_eq!(
+                    &grp[8 * head + (8 * c + r) * 16..][..16],
+                    &src[head + 16 * c..][..16],
+                    "{t} chunk {c}"
+                );
+            }
             let mut back = vec![0u8; plain.len()];
             deinterleave8(t, row, &packed, &mut back).unwrap();
             assert_eq!(back, plain);

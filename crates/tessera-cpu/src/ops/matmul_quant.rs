@@ -2313,12 +2313,20 @@ mod tests {
                         #[cfg(target_arch = "x86_64")]
                         let without_vbmi =
                             (t == DType::IQ4XS && eight_row_kernel(isa, t)).then(|| {
+                                let g = group.as_ref().expect("iq4_xs interleaves");
                                 // SAFETY: `eight_row_kernel` says the CPU has AVX-512 VNNI (and
-                                // what `vec_dot8` asks); nb superblocks in every row and in x.
-                                unsafe { crate::ops::qgemv_0::iq4_xs8_without_vbmi(w8, &x, k) }
+                                // what `vec_dot8` asks); nb superblocks in every row, in the
+                                // group and in x.
+                                unsafe {
+                                    use crate::ops::qgemv_0 as q;
+                                    [
+                                        q::iq4_xs8_without_vbmi(w8, &x, k),
+                                        q::iq4_xs8_interleaved_without_vbmi(g, &x, k),
+                                    ]
+                                }
                             });
                         #[cfg(not(target_arch = "x86_64"))]
-                        let without_vbmi: Option<[f32; 8]> = None;
+                        let without_vbmi: Option<[[f32; 8]; 2]> = None;
                         let mut scratch = vec![0u8; 8 * nb * ws];
                         let inter = group
                             .as_ref()
@@ -2342,10 +2350,11 @@ mod tests {
                                     v[r]
                                 );
                             }
-                            if let Some(v) = without_vbmi {
+                            let kinds = ["", " interleaved"];
+                            for (v, how) in without_vbmi.iter().flatten().zip(kinds) {
                                 assert!(
                                     same(v[r]),
-                                    "{t} nb {nb} case {case} row {r} {isa:?}: without VBMI {} vs vec_dot {one}",
+                                    "{t} nb {nb} case {case} row {r} {isa:?}: without VBMI{how} {} vs vec_dot {one}",
                                     v[r]
                                 );
                             }

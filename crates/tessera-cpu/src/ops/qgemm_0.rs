@@ -307,7 +307,8 @@ pub fn reads_interleaved(isa: crate::simd::Isa, t: DType, cols: usize) -> bool {
     } else {
         cols.div_ceil(GROUP)
     };
-    tessera::layout::interleave_head(t).is_some()
+    // (its blocks have one 16-byte run of quants each: not iq4_xs, which it does not take)
+    tessera::layout::interleave_head(t).is_some_and(|h| t.type_size() == h + 16)
         && (wide(isa, cols) || groups > FEW_GROUPS || two_acc(t))
 }
 

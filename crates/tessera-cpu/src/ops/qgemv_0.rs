@@ -44,7 +44,19 @@ pub fn vbmi() -> bool {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn iq4_xs8_without_vbmi(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
     // SAFETY: forwarded (k / 256 superblocks behind every pointer).
-    unsafe { iq4_xs_rows::<false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+    unsafe { iq4_xs_rows::<false, _>(XsPlain(w.map(|r| r.as_ptr())), x.as_ptr(), k / 256) }
+}
+
+/// [`vec_dot8_interleaved`] of a group of eight iq4_xs rows with the kernel for CPUs without
+/// VBMI, whatever this CPU has (for the tests).
+///
+/// # Safety
+/// As [`vec_dot8_interleaved`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn iq4_xs8_interleaved_without_vbmi(g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    let src = XsGroup(g.as_ptr(), interleaved_prefetch());
+    // SAFETY: forwarded (k / 256 superblocks of the group at g).
+    unsafe { iq4_xs_rows::<false, _>(src, x.as_ptr(), k / 256) }
 }
 
 /// `iq4_xs_rows` with VBMI's byte permutes.
@@ -52,9 +64,9 @@ pub unsafe fn iq4_xs8_without_vbmi(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8
 /// # Safety
 /// As `iq4_xs_rows`; the CPU has AVX-512 VBMI too.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn iq4_xs_vbmi(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+unsafe fn iq4_xs_vbmi<S: XsRows>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
     // SAFETY: forwarded.
-    unsafe { iq4_xs_rows::<true>(wp, xp, nb) }
+    unsafe { iq4_xs_rows::<true, S>(src, xp, nb) }
 }
 
 /// Types with an eight-row kernel here.
@@ -95,8 +107,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q4_1 => q4_1_rows(Apart::<20, 4>(wp), x.as_ptr(), nb),
             DType::Q5_0 => q5_rows::<false, 22, 2>(wp, x.as_ptr(), nb),
             DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
-            DType::IQ4XS if vbmi() => iq4_xs_vbmi(wp, x.as_ptr(), k / 256),
-            DType::IQ4XS => iq4_xs_rows::<false>(wp, x.as_ptr(), k / 256),
+            DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsPlain(wp), x.as_ptr(), k / 256),
+            DType::IQ4XS => iq4_xs_rows::<false, _>(XsPlain(wp), x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows::<false>(wp, x.as_ptr(), k / 256),
             DType::Q5K => q4_k_rows::<true>(wp, x.as_ptr(), k / 256),
             DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
@@ -129,6 +141,8 @@ pub unsafe fn vec_dot8_interleaved(t: DType, g: &[u8], x: &[u8], k: usize) -> [f
                 offset_rows::<true, false, _>(Interleaved::<18, 2>(p, pf), x.as_ptr(), nb)
             }
             DType::Q4_1 => q4_1_rows(Interleaved::<20, 4>(p, pf), x.as_ptr(), nb),
+            DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsGroup(p, pf), x.as_ptr(), k / 256),
+            DType::IQ4XS => iq4_xs_rows::<false, _>(XsGroup(p, pf), x.as_ptr(), k / 256),
             _ => unreachable!("no interleaved eight-row kernel for {t}"),
         }
     }
@@ -739,6 +753,101 @@ unsafe fn fold_superblock<const STEP: i32>(
     }
 }
 
+/// Where [`iq4_xs_rows`] finds the eight rows' superblocks.
+trait XsRows: Copy {
+    /// Superblock i's eight heads (d, scales_h, scales_l): row r's eight bytes in qword r.
+    unsafe fn heads(self, i: usize) -> __m512i;
+    /// Prefetches for the `jj`-th quarter of superblock i (rows 2jj and 2jj + 1 when plain).
+    unsafe fn prefetch(self, i: usize, jj: usize);
+    /// Sub-blocks 2jj and 2jj + 1 of superblock i, each of quads 0 and 1: vector
+    /// `[js][h]` holds row 4h + q's 16 bytes of sub-block 2jj + js in 128-bit lane q.
+    unsafe fn quads(self, i: usize, jj: usize) -> [[__m512i; 2]; 2];
+}
+
+/// Eight plain rows (their first superblocks).
+#[derive(Clone, Copy)]
+struct XsPlain([*const u8; 8]);
+
+impl XsPlain {
+    const BLOCK: usize = 136;
+    #[inline(always)]
+    fn at(self, i: usize) -> [*const u8; 8] {
+        self.0.map(|r| r.wrapping_add(i * Self::BLOCK))
+    }
+}
+
+impl XsRows for XsPlain {
+    #[inline(always)]
+    unsafe fn heads(self, i: usize) -> __m512i {
+        let wb = self.at(i);
+        // SAFETY: superblock i exists behind every row (caller).
+        unsafe {
+            let w = |r: usize| (wb[r] as *const i64).read_unaligned();
+            _mm512_setr_epi64(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+        }
+    }
+    #[inline(always)]
+    unsafe fn prefetch(self, i: usize, jj: usize) {
+        let wb = self.at(i);
+        // SAFETY: prefetches never fault.
+        unsafe { prefetch_superblocks::<3, 2>([wb[2 * jj], wb[2 * jj + 1]]) }
+    }
+    #[inline(always)]
+    unsafe fn quads(self, i: usize, jj: usize) -> [[__m512i; 2]; 2] {
+        let wb = self.at(i);
+        // SAFETY: superblock i exists behind every row (caller): 32 bytes at 8 + 32jj.
+        unsafe {
+            let (q0, q1) = (
+                quad_pair(&wb, 0, 8 + 32 * jj),
+                quad_pair(&wb, 1, 8 + 32 * jj),
+            );
+            [[q0[0], q1[0]], [q0[1], q1[1]]]
+        }
+    }
+}
+
+/// One group of eight interleaved rows (`tessera::layout`: per superblock the eight 8-byte
+/// heads, then for each sub-block the eight rows' 16 bytes, 1088 bytes in all), and how far
+/// ahead it prefetches into L2 ([`interleaved_prefetch`]; none where 0).
+#[derive(Clone, Copy)]
+struct XsGroup(*const u8, usize);
+
+impl XsGroup {
+    const GROUP: usize = 8 * 136;
+}
+
+impl XsRows for XsGroup {
+    #[inline(always)]
+    unsafe fn heads(self, i: usize) -> __m512i {
+        // SAFETY: superblock i of the group exists (caller): its heads first.
+        unsafe { _mm512_loadu_si512(self.0.add(i * Self::GROUP) as *const _) }
+    }
+    /// The superblock's 17 lines `self.1` bytes ahead, five a quarter (two in the last).
+    #[inline(always)]
+    unsafe fn prefetch(self, i: usize, jj: usize) {
+        if self.1 == 0 {
+            return;
+        }
+        for line in 5 * jj..(5 * jj + 5).min(Self::GROUP / 64) {
+            let p = self.0.wrapping_add(i * Self::GROUP + self.1 + 64 * line);
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch(p as *const i8, _MM_HINT_T1) };
+        }
+    }
+    #[inline(always)]
+    unsafe fn quads(self, i: usize, jj: usize) -> [[__m512i; 2]; 2] {
+        // SAFETY: superblock i of the group exists (caller): sub-block j's eight rows at
+        // 64 + 128j, quad h 64h further.
+        unsafe {
+            let at = |js: usize, h: usize| {
+                let off = i * Self::GROUP + 64 + 128 * (2 * jj + js) + 64 * h;
+                _mm512_loadu_si512(self.0.add(off) as *const _)
+            };
+            [[at(0, 0), at(0, 1)], [at(1, 0), at(1, 1)]]
+        }
+    }
+}
+
 /// iq4_xs against q8_K. ggml's kernel sums, per 256-element superblock and lane l, the exact
 /// integer Σ_j ls_j·p_jl over its eight 32-element sub-blocks j (ls_j the sub-block's 6-bit
 /// scale − 32, p_jl the lane's four products), converts it and fused-multiply-adds it with
@@ -754,10 +863,9 @@ unsafe fn fold_superblock<const STEP: i32>(
 /// took the kernel from 16-17 to 19-20 GB/s, where the cross-lane `vpermt2ps` that picked
 /// the scales before cost 10-12 %; `VBMI` (`vpermb` for the code lookups) gives 21-22.
 #[inline(always)]
-unsafe fn iq4_xs_rows<const VBMI: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
-    const BLOCK: usize = 136;
+unsafe fn iq4_xs_rows<const VBMI: bool, S: XsRows>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
     const Q8K: usize = 292;
-    // SAFETY: nb 136-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
+    // SAFETY: nb superblocks of the eight rows in src and nb q8_K blocks behind xp (caller);
     // prefetches never fault.
     unsafe {
         let m4 = _mm512_set1_epi8(15);
@@ -767,9 +875,7 @@ unsafe fn iq4_xs_rows<const VBMI: bool>(wp: [*const u8; 8], xp: *const u8, nb: u
         let mut acc = [[_mm512_setzero_ps(); 2]; 2];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
-            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
-            let w = |r: usize| (wb[r] as *const i64).read_unaligned();
-            let w64 = _mm512_setr_epi64(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+            let w64 = src.heads(i);
             // ggml's d = d_w·d_y per row
             let dw = _mm256_cvtph_ps(_mm512_cvtepi64_epi16(w64));
             let d16 = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_set1_ps(f32_at(xb))));
@@ -792,14 +898,9 @@ unsafe fn iq4_xs_rows<const VBMI: bool>(wp: [*const u8; 8], xp: *const u8, nb: u
             // Σ_j ls_j·p_jl, exact in f32 ([half][lo, hi])
             let mut sum = [[_mm512_setzero_ps(); 2]; 2];
             for jj in 0..4 {
-                prefetch_superblocks::<3, 2>([wb[2 * jj], wb[2 * jj + 1]]);
-                // sub-blocks 2jj and 2jj + 1 of both quads (32 bytes a row)
-                let (q0, q1) = (
-                    quad_pair(&wb, 0, 8 + 32 * jj),
-                    quad_pair(&wb, 1, 8 + 32 * jj),
-                );
-                // [sub-block][quad]
-                let zz = [[q0[0], q1[0]], [q0[1], q1[1]]];
+                src.prefetch(i, jj);
+                // [sub-block 2jj, 2jj + 1][quad]
+                let zz = src.quads(i, jj);
                 for (js, zj) in zz.iter().enumerate() {
                     let j = 2 * jj + js;
                     let y = xb.add(4 + 32 * j);

@@ -200,7 +200,7 @@ impl Graph {
             } else if layout == RowLayout::Interleaved8
                 && crate::layout::interleave_head(t.dtype).is_none()
             {
-                Some("only q4_0, q4_1 and iq4_nl rows can be interleaved".to_string())
+                Some("only q4_0, q4_1, iq4_nl and iq4_xs rows can be interleaved".to_string())
             } else if !t.is_contiguous() {
                 Some("it is not contiguous".to_string())
             } else if !t.nrows().is_multiple_of(8) || !t.ne[1].is_multiple_of(8) {
