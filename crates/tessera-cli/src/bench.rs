@@ -355,9 +355,11 @@ fn bench_quant(
     )
 }
 
-/// One pass of `threads` threads over `buf`, each summing its share as `streams` interleaved
-/// streams: GB/s read.
-fn read_pass(buf: &[u64], threads: usize, streams: usize) -> f64 {
+/// One pass of the pool's threads over `buf`, each summing its share as `streams`
+/// interleaved streams: GB/s read. The pass runs on the threads that compute the mat-vec it
+/// is compared with (on a 2-vCPU Zen 4 VM one core read 23-24 GB/s and the other 25-27, so a
+/// pass on a freshly spawned thread could measure another core than the kernel's).
+fn read_pass(buf: &[u64], pool: &tessera_cpu::ThreadPool, streams: usize) -> f64 {
     fn sum(c: &[u64], streams: usize) -> u64 {
         let part = c.len() / streams / 8 * 8;
         let mut acc = [0u64; 8];
@@ -373,19 +375,19 @@ fn read_pass(buf: &[u64], threads: usize, streams: usize) -> f64 {
             .chain(&c[streams * part..])
             .fold(0, |a, &x| a.wrapping_add(x))
     }
-    let chunk = buf.len().div_ceil(threads.max(1));
+    let threads = pool.n_threads();
+    let chunk = buf.len().div_ceil(threads);
+    let total = std::sync::atomic::AtomicU64::new(0);
     let t = Instant::now();
-    let total = std::thread::scope(|sc| {
-        let hs: Vec<_> = buf
-            .chunks(chunk)
-            .map(|c| sc.spawn(move || sum(std::hint::black_box(c), streams)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("bandwidth thread"))
-            .fold(0u64, u64::wrapping_add)
-    });
-    std::hint::black_box(total);
-    std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64() / 1e9
+    pool.run(|ith| {
+        let c = &buf[(ith * chunk).min(buf.len())..((ith + 1) * chunk).min(buf.len())];
+        let s = sum(std::hint::black_box(c), streams);
+        total.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+    })
+    .expect("bandwidth read pass");
+    let secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(total.into_inner());
+    std::mem::size_of_val(buf) as f64 / secs / 1e9
 }
 
 /// A mat-vec over a `bytes`-sized matrix of type `t` (K = 16384; the rows repeat one random
@@ -633,12 +635,12 @@ fn section_bandwidth(o: &Opts) {
             // which here lasts seconds, shows in both halves of a pair.
             let (mut s, mbytes) = big_matvec(t, bytes, layout);
             s.compute(&cpu).unwrap();
-            read_pass(&buf, th, 8);
+            read_pass(&buf, cpu.pool(), 8);
             let (mut bw, mut mv, mut share) = (vec![], vec![], vec![]);
             for _ in 0..pairs {
                 let r = [1, 4, 8]
                     .iter()
-                    .map(|&streams| read_pass(&buf, th, streams))
+                    .map(|&streams| read_pass(&buf, cpu.pool(), streams))
                     .fold(0.0, f64::max);
                 let t0 = Instant::now();
                 s.compute(&cpu).unwrap();

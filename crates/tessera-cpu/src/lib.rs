@@ -110,6 +110,13 @@ impl CpuBackend {
         self.pool.n_threads()
     }
 
+    /// The threads this backend computes on (the caller is thread 0), for work that must run
+    /// where its kernels run: the bandwidth benchmark reads its buffer on them, so that a
+    /// read pass and a mat-vec share the cores they are compared on.
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
     pub fn isa(&self) -> Isa {
         self.isa
     }
