@@ -8,7 +8,11 @@ mod common;
 use common::*;
 use tessera::{DType, Graph, RowLayout, Session};
 use tessera_cpu::ops::matmul_quant::quantize_activations;
-use tessera_cpu::ops::qgemv_repack::{vec_dot8, vec_dot8_groups4, vec_dot8x4, vec_dot_ref};
+use tessera_cpu::ops::qgemv_repack as rp;
+use tessera_cpu::ops::qgemv_repack::{
+    mx_transpose8, mx_transpose8_scalar, mx_transposed_bytes, mxfp4_8x4_transposed, vec_dot8,
+    vec_dot8_groups4, vec_dot8x4, vec_dot_ref,
+};
 use tessera_cpu::ops::qgemv_repack_k as rk;
 use tessera_cpu::simd::Isa;
 
@@ -605,6 +609,55 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
     assert_plain_differs(&cases, 3);
     #[cfg(not(target_arch = "x86_64"))]
     assert_plain_differs(&cases, 200);
+}
+
+/// The rearranged mxfp4 rows of mat-mat (`mx_transpose8`): the SIMD version writes the scalar
+/// definition's bytes for random bytes (every code, every scale byte), and the four-column
+/// kernel on them gives, bit for bit, the one-column kernel's results on the plain rows
+/// (which `mxfp4_kernels_equal_the_definition` ties to the definition).
+#[test]
+fn mxfp4_transposed_rows_keep_the_bits() {
+    let t = DType::MXFP4;
+    let mut rng = Rng::new(0x6d78_7470);
+    let mut kernels = 0;
+    for case in 0..24 {
+        let k = 32 * (1 + rng.below(70));
+        let (mut plain, x) = rows8_and_q8_0(t, k, &mut rng);
+        if case % 2 == 1 {
+            for b in plain.iter_mut() {
+                *b = rng.below(256) as u8;
+            }
+        }
+        let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
+        let mut scalar = vec![0x5Au8; mx_transposed_bytes(k)];
+        mx_transpose8(&plain, k, &mut simd);
+        mx_transpose8_scalar(&plain, k, &mut scalar);
+        assert!(
+            simd == scalar,
+            "k={k} case {case}: the transposed bytes differ"
+        );
+        let others = other_columns(&x, k / 32);
+        let xs = [&x[..], &others[0], &others[1], &others[2]];
+        for &isa in &isas() {
+            if !rp::has_mx_transposed_kernel(isa) {
+                continue;
+            }
+            let four = mxfp4_8x4_transposed(isa, &scalar, xs, k);
+            for (c, xc) in xs.iter().enumerate() {
+                let one = vec_dot8(isa, t, &plain, xc, k);
+                assert!(
+                    (0..8).all(|r| four[c][r].to_bits() == one[r].to_bits()),
+                    "k={k} case {case} column {c} on {isa:?}: {:?} vs {:?}",
+                    four[c],
+                    one
+                );
+            }
+            kernels += 1;
+        }
+    }
+    // where the CPU has AVX-512 VNNI, the kernel ran in every case
+    let vnni = isas().iter().any(|&i| rp::has_mx_transposed_kernel(i));
+    assert_eq!(kernels, if vnni { 24 } else { 0 });
 }
 
 /// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at

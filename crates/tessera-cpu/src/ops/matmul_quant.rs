@@ -200,6 +200,8 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         // (repacked q4_K: the group rearranged for `qgemv_repack_k`'s mat-mat kernel)
         let group = if repacked(a) && a.dtype == DType::Q4K {
             super::qgemv_repack_k::transposed_bytes(k).max(8 * row)
+        } else if repacked(a) && a.dtype == DType::MXFP4 {
+            super::qgemv_repack::mx_transposed_bytes(k).max(8 * row)
         } else {
             8 * row
         };
@@ -530,19 +532,28 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         } else {
                             0
                         };
-                    // repacked q4_K: the group rearranged once for all its quads, one row a
-                    // lane (`qgemv_repack_k::transpose8`; the same bits)
-                    let transposed = quads > 0
+                    // repacked q4_K and mxfp4: the group rearranged once for all its quads,
+                    // one row a lane (`qgemv_repack_k::transpose8`,
+                    // `qgemv_repack::mx_transpose8`; the same bits)
+                    let q4k = quads > 0
                         && repacked(a)
                         && a.dtype == DType::Q4K
                         && super::qgemv_repack_k::has_transposed_kernel(ctx.isa);
-                    if transposed {
+                    let mx = quads > 0
+                        && repacked(a)
+                        && a.dtype == DType::MXFP4
+                        && super::qgemv_repack::has_mx_transposed_kernel(ctx.isa);
+                    if q4k {
                         super::qgemv_repack_k::transpose8(g, k, scratch);
+                    } else if mx {
+                        super::qgemv_repack::mx_transpose8(g, k, scratch);
                     }
                     for j4 in 0..quads {
                         let xs: [&[u8]; 4] = std::array::from_fn(|c| qcol(4 * j4 + c));
-                        let v = if transposed {
+                        let v = if q4k {
                             super::qgemv_repack_k::vec_dot8x4_transposed(ctx.isa, scratch, xs, k)
+                        } else if mx {
+                            super::qgemv_repack::mxfp4_8x4_transposed(ctx.isa, scratch, xs, k)
                         } else {
                             super::qgemv_repack::vec_dot8x4(ctx.isa, a.dtype, g, xs, k)
                         };

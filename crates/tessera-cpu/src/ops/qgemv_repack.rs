@@ -253,6 +253,11 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
         return super::qgemv_repack_k::vec_dot8x4(isa, g, x, k);
     }
     if t == DType::MXFP4 {
+        if has_mx_transposed_kernel(isa) {
+            let mut tr = vec![0u8; mx_transposed_bytes(k)];
+            mx_transpose8(g, k, &mut tr);
+            return mxfp4_8x4_transposed(isa, &tr, x, k);
+        }
         return mxfp4_rows8(isa, g, x, k);
     }
     #[cfg(target_arch = "x86_64")]
@@ -278,6 +283,106 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
         };
     }
     x.map(|x| vec_dot8(isa, t, g, x, k))
+}
+
+/// Bytes of one block of eight mxfp4 rows in [`mx_transpose8`]'s layout, where 32-bit lane
+/// 2r + c of every 64-byte vector belongs to row r (and, in the kernel, to the c-th column of
+/// a pair): the rows' block scales `GGML_E8M0_TO_FP32_HALF(e)` as f32 (64 bytes), −128 times
+/// the sum of each row's 32 codebook values as i32 (64), and for each step s of four elements
+/// (4s..4s + 4 of the block) the rows' four values as i8 (8 × 64).
+pub const MX_TBLOCK: usize = 640;
+
+/// Bytes [`mx_transpose8`] writes for rows of `k` weights.
+pub fn mx_transposed_bytes(k: usize) -> usize {
+    k / 32 * MX_TBLOCK
+}
+
+/// Whether [`mxfp4_8x4_transposed`] runs here (AVX-512 VNNI); else mat-mat keeps
+/// [`vec_dot8x4`]'s kernel on the plain rows.
+pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::qdot::avx2::uses_vnni(isa);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// The block count and row length of [`mx_transpose8`]'s arguments, checked.
+fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> (usize, usize) {
+    let (nb, row) = (k / 32, k / 32 * MX_BLOCK);
+    assert!(
+        k.is_multiple_of(32) && g.len() >= 8 * row && out.len() >= nb * MX_TBLOCK,
+        "repack mxfp4 transpose8: k={k}, {} bytes of rows, room for {}",
+        g.len(),
+        out.len()
+    );
+    (nb, row)
+}
+
+/// Eight plain mxfp4 rows (`g`, `8 × k / 32` blocks) rearranged for
+/// [`mxfp4_8x4_transposed`] (see [`MX_TBLOCK`]): one row a lane, as ggml's `block_mxfp4x8`
+/// kernels keep them, each row twice so that a vector takes two columns; a mat-mat does it
+/// once per group for all its columns.
+pub fn mx_transpose8(g: &[u8], k: usize, out: &mut [u8]) {
+    let (nb, row) = mx_transpose_sizes(g, k, out);
+    #[cfg(target_arch = "x86_64")]
+    if super::qdot::avx2::uses_vnni(crate::simd::isa()) {
+        // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C (`uses_vnni`); g holds
+        // eight rows of nb blocks and out nb transposed blocks (asserted above).
+        unsafe { avx512::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
+        return;
+    }
+    mx_transpose8_scalar(g, k, out);
+}
+
+/// [`mx_transpose8`] in scalar code: the definition of its layout (public for the tests,
+/// which check the SIMD version against it).
+pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
+    let (nb, row) = mx_transpose_sizes(g, k, out);
+    for b in 0..nb {
+        let o = &mut out[b * MX_TBLOCK..(b + 1) * MX_TBLOCK];
+        for r in 0..8 {
+            let wb = &g[r * row + b * MX_BLOCK..r * row + (b + 1) * MX_BLOCK];
+            // element j < 16 is byte j's low nibble, element j + 16 its high nibble
+            let v: [i8; 32] = std::array::from_fn(|j| {
+                let q = wb[1 + j % 16];
+                KVALUES_FP4[if j < 16 { q & 15 } else { q >> 4 } as usize]
+            });
+            let n = -128 * v.iter().map(|&a| a as i32).sum::<i32>();
+            for lane in [2 * r, 2 * r + 1] {
+                o[4 * lane..4 * lane + 4].copy_from_slice(&e8m0_half(wb[0]).to_le_bytes());
+                o[64 + 4 * lane..68 + 4 * lane].copy_from_slice(&n.to_le_bytes());
+                for s in 0..8 {
+                    let at = 128 + 64 * s + 4 * lane;
+                    for (o, &v) in o[at..at + 4].iter_mut().zip(&v[4 * s..4 * s + 4]) {
+                        *o = v as u8;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`vec_dot8x4`] of mxfp4 from eight rows in [`mx_transpose8`]'s layout (`t`): the same bits,
+/// ggml's repack arithmetic for each (row, column).
+pub fn mxfp4_8x4_transposed(isa: Isa, t: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
+    let nb = k / 32;
+    assert!(
+        has_mx_transposed_kernel(isa)
+            && k.is_multiple_of(32)
+            && t.len() >= nb * MX_TBLOCK
+            && x.iter().all(|x| x.len() >= nb * QBLOCK),
+        "repack mxfp4 vec_dot8x4_transposed: {isa:?}, k={k}, {} transposed bytes",
+        t.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `has_mx_transposed_kernel` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2,
+    // FMA and F16C; t holds nb transposed blocks and every x nb q8_0 blocks (asserted above).
+    return unsafe { avx512::mxfp4_gemm_transposed(t.as_ptr(), x.map(|x| x.as_ptr()), nb) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no transposed mxfp4 kernel off x86")
 }
 
 /// Five lines (two blocks of a group) `pf` bytes after `blk` into L2: a group is one
@@ -440,6 +545,170 @@ mod avx512 {
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
         }
         out
+    }
+
+    /// [`super::mx_transpose8`] on AVX-512: per block rows 0-3 and 4-7 in two vectors (row
+    /// r's 16 bytes in 128-bit lane r % 4), their nibbles mapped to the codebook's values, one
+    /// two-source permute a step to put each row's four values in lanes 2r and 2r + 1, the
+    /// values' sums by `vpdpbusd` with ones, the scales as `super::super::qgemv_0::e8m0_half8`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C; eight rows of `nb` 17-byte blocks
+    /// at `g`, `row` bytes apart; `nb * MX_TBLOCK` writable bytes at `out`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn mx_transpose8(g: *const u8, row: usize, nb: usize, out: *mut u8) {
+        // SAFETY: every load lies inside the rows, every store inside out (caller); the
+        // target features above.
+        unsafe {
+            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                super::KVALUES_FP4.as_ptr() as *const __m128i
+            ));
+            let m4 = _mm512_set1_epi8(15);
+            let ones = _mm512_set1_epi8(1);
+            let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            let step: [__m512i; 4] = std::array::from_fn(|s| {
+                let s = s as i32;
+                _mm512_setr_epi32(
+                    s,
+                    s,
+                    4 + s,
+                    4 + s,
+                    8 + s,
+                    8 + s,
+                    12 + s,
+                    12 + s,
+                    16 + s,
+                    16 + s,
+                    20 + s,
+                    20 + s,
+                    24 + s,
+                    24 + s,
+                    28 + s,
+                    28 + s,
+                )
+            });
+            for b in 0..nb {
+                let blk: [*const u8; 8] =
+                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
+                let quads = |h: usize| {
+                    let q = |r: usize| _mm_loadu_si128(blk[4 * h + r].add(1) as *const __m128i);
+                    let v = _mm512_castsi128_si512(q(0));
+                    let v = _mm512_inserti32x4::<1>(v, q(1));
+                    let v = _mm512_inserti32x4::<2>(v, q(2));
+                    _mm512_inserti32x4::<3>(v, q(3))
+                };
+                let (a, c) = (quads(0), quads(1));
+                let lo = |v: __m512i| _mm512_shuffle_epi8(book, _mm512_and_si512(v, m4));
+                let hi = |v: __m512i| {
+                    _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4))
+                };
+                let halves = [(lo(a), lo(c)), (hi(a), hi(c))];
+                let o = out.add(b * super::MX_TBLOCK);
+                let mut sum = _mm512_setzero_si512();
+                for s in 0..8 {
+                    let (p, q) = halves[s / 4];
+                    let w = _mm512_permutex2var_epi32(p, step[s % 4], q);
+                    _mm512_storeu_si512(o.add(128 + 64 * s) as *mut _, w);
+                    sum = _mm512_dpbusd_epi32(sum, ones, w);
+                }
+                let n = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
+                _mm512_storeu_si512(o.add(64) as *mut _, n);
+                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let e = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(e));
+                _mm512_storeu_ps(o as *mut f32, e);
+            }
+        }
+    }
+
+    /// [`super::mxfp4_8x4_transposed`] on AVX-512 VNNI. Lane 2r + c of a vector is row r
+    /// against column c of a pair (two pairs, two accumulators). Per block, each step of four
+    /// elements is one `vpdpbusd` a pair: the activations' four bytes + 128 (unsigned) of
+    /// both columns broadcast against the rows' signed values, from −128·Σ(values) so that
+    /// the sum is the exact integer; then one conversion and one FMA with the rounded product
+    /// of the scales, as ggml's kernel. The activations of a chunk of blocks are first laid
+    /// out as those broadcasts (two columns' dwords side by side) on the stack.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `t` points at `nb` blocks of
+    /// `super::mx_transpose8`'s layout, every `x` at `nb` q8_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn mxfp4_gemm_transposed(
+        t: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [[f32; 8]; 4] {
+        const CH: usize = 8;
+        #[repr(C, align(64))]
+        struct Chunk {
+            /// [block][pair]: step s's bytes of the pair's columns at 8s (+128)
+            xs: [[[u8; 64]; 2]; CH],
+            /// [block]: the four columns' scales
+            dx: [[f32; 4]; CH],
+        }
+        let mut ch = Chunk {
+            xs: [[[0; 64]; 2]; CH],
+            dx: [[0.0; 4]; CH],
+        };
+        // SAFETY: every load lies inside t's nb blocks, the activation blocks and `ch`
+        // (caller); the target features above.
+        unsafe {
+            let flip = _mm512_set1_epi8(-128);
+            let pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let mut acc = [_mm512_setzero_ps(); 2];
+            let mut b0 = 0;
+            while b0 < nb {
+                let len = CH.min(nb - b0);
+                for i in 0..len {
+                    let b = b0 + i;
+                    let xb = x.map(|x| x.add(b * QBLOCK));
+                    for h in 0..2 {
+                        let ya = _mm512_castsi256_si512(_mm256_loadu_si256(
+                            xb[2 * h].add(2) as *const __m256i
+                        ));
+                        let yb = _mm512_castsi256_si512(_mm256_loadu_si256(
+                            xb[2 * h + 1].add(2) as *const __m256i
+                        ));
+                        let v = _mm512_xor_si512(_mm512_permutex2var_epi32(ya, pairs, yb), flip);
+                        _mm512_store_si512(ch.xs[i][h].as_mut_ptr() as *mut _, v);
+                    }
+                    let mut h = 0u64;
+                    for (c, &p) in xb.iter().enumerate() {
+                        h |= ((p as *const u16).read_unaligned() as u64) << (16 * c);
+                    }
+                    _mm_storeu_ps(
+                        ch.dx[i].as_mut_ptr(),
+                        _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)),
+                    );
+                }
+                for i in 0..len {
+                    let tb = t.add((b0 + i) * super::MX_TBLOCK);
+                    let e = _mm512_loadu_ps(tb as *const f32);
+                    let n = _mm512_loadu_si512(tb.add(64) as *const _);
+                    let mut sums = [n, n];
+                    for s in 0..8 {
+                        let w = _mm512_loadu_si512(tb.add(128 + 64 * s) as *const _);
+                        for (h, sum) in sums.iter_mut().enumerate() {
+                            let y = _mm512_set1_epi64(
+                                (ch.xs[i][h].as_ptr().add(8 * s) as *const i64).read(),
+                            );
+                            *sum = _mm512_dpbusd_epi32(*sum, y, w);
+                        }
+                    }
+                    for (h, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                        let dx = _mm512_castpd_ps(_mm512_set1_pd(
+                            (ch.dx[i].as_ptr().add(2 * h) as *const f64).read_unaligned(),
+                        ));
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(e, dx), *a);
+                    }
+                }
+                b0 += len;
+            }
+            let mut lanes = [[0f32; 16]; 2];
+            for (l, a) in lanes.iter_mut().zip(&acc) {
+                _mm512_storeu_ps(l.as_mut_ptr(), *a);
+            }
+            std::array::from_fn(|c| std::array::from_fn(|r| lanes[c / 2][2 * r + c % 2]))
+        }
     }
 
     /// [`super::vec_dot8x4`] on AVX-512 VNNI: per block the nibbles of the eight rows split
