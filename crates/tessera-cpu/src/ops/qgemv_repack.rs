@@ -97,7 +97,10 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 
 /// mxfp4 with ggml's repack arithmetic on eight plain rows (`g`: eight consecutive rows of
 /// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are)
-/// against `C` activation rows, `out[c][r]`: AVX2 where the CPU has it (each row's block to
+/// against `C` activation rows, `out[c][r]`: for one column on AVX-512 VNNI
+/// `avx512::mxfp4_gemv8` (four rows to a vector, each row's four lane sums added exactly;
+/// Zen 4, one thread: 15.6-16.3 GB/s in cache against the AVX2 kernel's 12.4-13.3), else AVX2
+/// where the CPU has it (each row's block to
 /// one 256-bit vector of its 32 codebook values, once for the `C` columns; `vpmaddubsw` of the
 /// activations' magnitudes with the values given their signs, exact for every q8_0 byte; the
 /// eight rows' integers reduced together, then one conversion and FMA for the eight), else
@@ -109,6 +112,13 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
         "repack mxfp4: k={k}, eight rows in {} bytes",
         g.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if C == 1 && super::qdot::avx2::uses_vnni(isa) {
+        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C;
+        // g holds eight rows of nb blocks and x nb activation blocks (asserted above).
+        let one = unsafe { avx512::mxfp4_gemv8(g.as_ptr(), row, x[0].as_ptr(), nb) };
+        return std::array::from_fn(|_| one);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && super::qdot::avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
@@ -545,6 +555,77 @@ mod avx512 {
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
         }
         out
+    }
+
+    /// ggml's repack arithmetic for eight plain mxfp4 rows (`row` bytes apart) against one
+    /// q8_0 column (mat-vec): per block rows 0-3 and 4-7 in two vectors (row r's 16 bytes in
+    /// 128-bit lane r % 4), their nibbles mapped to the codebook's values + 128 (unsigned), two
+    /// `vpdpbusd` a vector (low nibbles with activations 0-15, high ones with 16-31) from
+    /// −128 times the lane's activations, the four lanes of each row summed exactly (two
+    /// permutes, an add, a shift, an add, a narrowing) into the row's block integer, then one
+    /// conversion and one FMA with the rounded product of the scales for the eight rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; eight rows of `nb` 17-byte
+    /// blocks at `g`, `row` bytes apart, and `nb` q8_0 blocks at `x`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn mxfp4_gemv8(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+        // SAFETY: every load lies inside the rows and the activation blocks (caller); the
+        // target features above; prefetches never fault.
+        unsafe {
+            let mut book = [0u8; 16];
+            for (o, &v) in book.iter_mut().zip(super::KVALUES_FP4.iter()) {
+                *o = (v as i16 + 128) as u8;
+            }
+            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(book.as_ptr() as *const __m128i));
+            let m4 = _mm512_set1_epi8(15);
+            let off = _mm512_set1_epi8(-128);
+            let zero = _mm512_setzero_si512();
+            let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+            let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+            let rows: [*const u8; 8] = std::array::from_fn(|r| g.add(r * row));
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk = rows.map(|r| r.wrapping_add(b * super::MX_BLOCK));
+                if b % 2 == 0 {
+                    for &r in &blk {
+                        let p = r.wrapping_add(super::super::qgemv_0::PREFETCH);
+                        _mm_prefetch(p as *const i8, _MM_HINT_T0);
+                    }
+                }
+                let xb = x.add(b * QBLOCK);
+                let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
+                let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
+                // −128·(Σ of the lane's four low and four high activations)
+                let n = _mm512_sub_epi32(
+                    zero,
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, off, ylo), off, yhi),
+                );
+                let sums: [__m512i; 2] = std::array::from_fn(|h| {
+                    let q = |r: usize| _mm_loadu_si128(blk[4 * h + r].add(1) as *const __m128i);
+                    let z = _mm512_castsi128_si512(q(0));
+                    let z = _mm512_inserti32x4::<1>(z, q(1));
+                    let z = _mm512_inserti32x4::<2>(z, q(2));
+                    let z = _mm512_inserti32x4::<3>(z, q(3));
+                    let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
+                    let hi =
+                        _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4));
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(n, lo, ylo), hi, yhi)
+                });
+                let p = _mm512_add_epi32(
+                    _mm512_permutex2var_epi32(sums[0], even, sums[1]),
+                    _mm512_permutex2var_epi32(sums[0], odd, sums[1]),
+                );
+                let p = _mm512_add_epi32(p, _mm512_srli_epi64::<32>(p));
+                let isum = _mm512_cvtepi64_epi32(p);
+                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let dx = _mm256_set1_ps(scale(xb));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(e, dx), acc);
+            }
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+            out
+        }
     }
 
     /// [`super::mx_transpose8`] on AVX-512: per block rows 0-3 and 4-7 in two vectors (row
