@@ -486,6 +486,32 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     ctx.wdata.add(l.scratch_off + ctx.ith * l.per_thread),
                     l.per_thread,
                 );
+                if n == 1
+                    && repacked(a)
+                    && a.dtype == DType::MXFP4
+                    && super::qgemv_repack::has_mx_gemv_kernel(ctx.isa)
+                {
+                    // repacked mxfp4 keeps its plain rows, and its arithmetic does not depend
+                    // on which rows share a call: eight rows a call, row q of each eighth of
+                    // the chunk, eight long runs as the plain rows' mat-vec reads them (a
+                    // 576×49152 matrix in L3, one thread of a Zen 4: 7.4 GB/s by groups of
+                    // eight adjacent rows from four quarters of the chunk, 14-16 this way)
+                    let e = rows.len() / 8;
+                    let skew = run_skews::<8>(e);
+                    let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
+                    let row = |r: usize| {
+                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
+                    };
+                    for q in 0..e {
+                        let im: [usize; 8] =
+                            std::array::from_fn(|j| far_row(rows.start, e, &skew, q, j));
+                        let v = super::qgemv_repack::mxfp4_rows8_apart(ctx.isa, im.map(row), x, k);
+                        for (&r, y) in im.iter().zip(v) {
+                            *(ctx.dst.add(d_off + r * 4) as *mut f32) = y;
+                        }
+                    }
+                    continue;
+                }
                 let mut rows = rows;
                 if n == 1 && repacked(a) && super::qgemv_repack::has_four_group_kernel(ctx.isa) {
                     // mat-vec with ggml's repack arithmetic: four groups a call, one from each

@@ -114,9 +114,8 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
     );
     #[cfg(target_arch = "x86_64")]
     if C == 1 && super::qdot::avx2::uses_vnni(isa) {
-        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C;
-        // g holds eight rows of nb blocks and x nb activation blocks (asserted above).
-        let one = unsafe { avx512::mxfp4_gemv8(g.as_ptr(), row, x[0].as_ptr(), nb) };
+        let rows: [&[u8]; 8] = std::array::from_fn(|r| &g[r * row..(r + 1) * row]);
+        let one = mxfp4_rows8_apart(isa, rows, x[0], k);
         return std::array::from_fn(|_| one);
     }
     #[cfg(target_arch = "x86_64")]
@@ -127,6 +126,33 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
     }
     let _ = isa;
     x.map(|x| std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k)))
+}
+
+/// Whether [`mxfp4_rows8_apart`] has a kernel of its own for `isa` (AVX-512 VNNI).
+pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
+    has_mx_transposed_kernel(isa)
+}
+
+/// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
+/// row, each as [`vec_dot_ref`] gives it: ggml's repack arithmetic depends on no grouping of
+/// the rows, so a mat-vec can take its rows from eight long runs, as the plain rows' kernels
+/// do (`matmul_quant`). AVX-512 VNNI where [`has_mx_gemv_kernel`], else row by row.
+pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+    let nb = k / 32;
+    assert!(
+        rows.iter().all(|r| r.len() >= nb * MX_BLOCK) && x.len() >= nb * QBLOCK,
+        "repack mxfp4: k={k}, eight rows of {:?} bytes, {} activation bytes",
+        rows.map(|r| r.len()),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_mx_gemv_kernel(isa) {
+        // SAFETY: `has_mx_gemv_kernel` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA
+        // and F16C; every row holds nb blocks and x nb activation blocks (asserted above).
+        return unsafe { avx512::mxfp4_gemv8(rows.map(|r| r.as_ptr()), x.as_ptr(), nb) };
+    }
+    let _ = isa;
+    rows.map(|r| vec_dot_ref(DType::MXFP4, r, x, k))
 }
 
 /// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
@@ -336,9 +362,9 @@ fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> (usize, usize) {
 /// kernels keep them, each row twice so that a vector takes two columns; a mat-mat does it
 /// once per group for all its columns.
 pub fn mx_transpose8(g: &[u8], k: usize, out: &mut [u8]) {
-    let (nb, row) = mx_transpose_sizes(g, k, out);
     #[cfg(target_arch = "x86_64")]
     if super::qdot::avx2::uses_vnni(crate::simd::isa()) {
+        let (nb, row) = mx_transpose_sizes(g, k, out);
         // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C (`uses_vnni`); g holds
         // eight rows of nb blocks and out nb transposed blocks (asserted above).
         unsafe { avx512::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
@@ -557,7 +583,7 @@ mod avx512 {
         out
     }
 
-    /// ggml's repack arithmetic for eight plain mxfp4 rows (`row` bytes apart) against one
+    /// ggml's repack arithmetic for eight plain mxfp4 rows (anywhere) against one
     /// q8_0 column (mat-vec): per block rows 0-3 and 4-7 in two vectors (row r's 16 bytes in
     /// 128-bit lane r % 4), their nibbles mapped to the codebook's values + 128 (unsigned), two
     /// `vpdpbusd` a vector (low nibbles with activations 0-15, high ones with 16-31) from
@@ -566,10 +592,10 @@ mod avx512 {
     /// conversion and one FMA with the rounded product of the scales for the eight rows.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; eight rows of `nb` 17-byte
-    /// blocks at `g`, `row` bytes apart, and `nb` q8_0 blocks at `x`.
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `nb` 17-byte blocks at
+    /// every `rows[r]`, and `nb` q8_0 blocks at `x`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn mxfp4_gemv8(g: *const u8, row: usize, x: *const u8, nb: usize) -> [f32; 8] {
+    pub unsafe fn mxfp4_gemv8(rows: [*const u8; 8], x: *const u8, nb: usize) -> [f32; 8] {
         // SAFETY: every load lies inside the rows and the activation blocks (caller); the
         // target features above; prefetches never fault.
         unsafe {
@@ -583,7 +609,6 @@ mod avx512 {
             let zero = _mm512_setzero_si512();
             let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
             let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-            let rows: [*const u8; 8] = std::array::from_fn(|r| g.add(r * row));
             let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
                 let blk = rows.map(|r| r.wrapping_add(b * super::MX_BLOCK));
