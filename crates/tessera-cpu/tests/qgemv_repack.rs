@@ -628,14 +628,22 @@ fn mxfp4_transposed_rows_keep_the_bits() {
                 *b = rng.below(256) as u8;
             }
         }
-        let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
         let mut scalar = vec![0x5Au8; mx_transposed_bytes(k)];
-        mx_transpose8(&plain, k, &mut simd);
         mx_transpose8_scalar(&plain, k, &mut scalar);
+        let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
+        mx_transpose8(&plain, k, &mut simd);
         assert!(
             simd == scalar,
             "k={k} case {case}: the transposed bytes differ"
         );
+        for &isa in &isas() {
+            let mut on = vec![0xC3u8; mx_transposed_bytes(k)];
+            rp::mx_transpose8_on(isa, &plain, k, &mut on);
+            assert!(
+                on == scalar,
+                "k={k} case {case} on {isa:?}: the transposed bytes differ"
+            );
+        }
         let others = other_columns(&x, k / 32);
         let xs = [&x[..], &others[0], &others[1], &others[2]];
         for &isa in &isas() {
@@ -655,9 +663,14 @@ fn mxfp4_transposed_rows_keep_the_bits() {
             kernels += 1;
         }
     }
-    // where the CPU has AVX-512 VNNI, the kernel ran in every case
-    let vnni = isas().iter().any(|&i| rp::has_mx_transposed_kernel(i));
-    assert_eq!(kernels, if vnni { 24 } else { 0 });
+    // every kernel this CPU has (AVX2, AVX-512 VNNI) ran in every case
+    let have = isas()
+        .iter()
+        .filter(|&&i| rp::has_mx_transposed_kernel(i))
+        .count();
+    assert_eq!(kernels, 24 * have);
+    #[cfg(target_arch = "x86_64")]
+    assert!(have > 0 || !std::arch::is_x86_feature_detected!("avx2"));
 }
 
 /// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at

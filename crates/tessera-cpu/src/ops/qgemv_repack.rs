@@ -130,7 +130,13 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
 
 /// Whether [`mxfp4_rows8_apart`] has a kernel of its own for `isa` (AVX-512 VNNI).
 pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
-    has_mx_transposed_kernel(isa)
+    #[cfg(target_arch = "x86_64")]
+    return super::qdot::avx2::uses_vnni(isa);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
 }
 
 /// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
@@ -333,11 +339,11 @@ pub fn mx_transposed_bytes(k: usize) -> usize {
     k / 32 * MX_TBLOCK
 }
 
-/// Whether [`mxfp4_8x4_transposed`] runs here (AVX-512 VNNI); else mat-mat keeps
-/// [`vec_dot8x4`]'s kernel on the plain rows.
+/// Whether [`mxfp4_8x4_transposed`] runs here (AVX-512 VNNI, AVX2); else mat-mat keeps
+/// [`vec_dot8x4`]'s scalar path on the plain rows.
 pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::qdot::avx2::uses_vnni(isa);
+    return isa != Isa::Scalar && super::qdot::avx2::available();
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
@@ -362,14 +368,29 @@ fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> (usize, usize) {
 /// kernels keep them, each row twice so that a vector takes two columns; a mat-mat does it
 /// once per group for all its columns.
 pub fn mx_transpose8(g: &[u8], k: usize, out: &mut [u8]) {
+    mx_transpose8_on(crate::simd::isa(), g, k, out)
+}
+
+/// [`mx_transpose8`] with the SIMD of `isa` (AVX-512, AVX2, or the scalar definition): the
+/// same bytes on every one.
+pub fn mx_transpose8_on(isa: Isa, g: &[u8], k: usize, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if super::qdot::avx2::uses_vnni(crate::simd::isa()) {
+    if super::qdot::avx2::uses_vnni(isa) {
         let (nb, row) = mx_transpose_sizes(g, k, out);
         // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C (`uses_vnni`); g holds
         // eight rows of nb blocks and out nb transposed blocks (asserted above).
         unsafe { avx512::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && super::qdot::avx2::available() {
+        let (nb, row) = mx_transpose_sizes(g, k, out);
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
+        // and out nb transposed blocks (asserted by `mx_transpose_sizes`).
+        unsafe { avx2::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
+        return;
+    }
+    let _ = isa;
     mx_transpose8_scalar(g, k, out);
 }
 
@@ -401,6 +422,53 @@ pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
     }
 }
 
+/// Blocks of activations the transposed mxfp4 kernels lay out at a time.
+#[cfg(target_arch = "x86_64")]
+const MX_CHUNK: usize = 8;
+
+/// Four q8_0 columns as the transposed mxfp4 kernels take them, `MX_CHUNK` blocks at a time:
+/// per block and pair of columns, the two columns' four bytes of each step side by side
+/// (+128, at 8s), and the four columns' scales as f32.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct MxColumns {
+    xs: [[[u8; 64]; 2]; MX_CHUNK],
+    dx: [[f32; 4]; MX_CHUNK],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Default for MxColumns {
+    fn default() -> Self {
+        MxColumns {
+            xs: [[[0; 64]; 2]; MX_CHUNK],
+            dx: [[0.0; 4]; MX_CHUNK],
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl MxColumns {
+    /// The f16 scales of the four q8_0 blocks at `xb` as f32, for block `i` of the chunk.
+    ///
+    /// # Safety
+    /// The CPU has F16C (the callers' target features); two readable bytes at every `xb`.
+    #[inline(always)]
+    unsafe fn scales(&mut self, i: usize, xb: [*const u8; 4]) {
+        use std::arch::x86_64::*;
+        // SAFETY: as above.
+        unsafe {
+            let mut h = 0u64;
+            for (c, &p) in xb.iter().enumerate() {
+                h |= ((p as *const u16).read_unaligned() as u64) << (16 * c);
+            }
+            _mm_storeu_ps(
+                self.dx[i].as_mut_ptr(),
+                _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)),
+            );
+        }
+    }
+}
+
 /// [`vec_dot8x4`] of mxfp4 from eight rows in [`mx_transpose8`]'s layout (`t`): the same bits,
 /// ggml's repack arithmetic for each (row, column).
 pub fn mxfp4_8x4_transposed(isa: Isa, t: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
@@ -414,9 +482,17 @@ pub fn mxfp4_8x4_transposed(isa: Isa, t: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
         t.len()
     );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `has_mx_transposed_kernel` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2,
-    // FMA and F16C; t holds nb transposed blocks and every x nb q8_0 blocks (asserted above).
-    return unsafe { avx512::mxfp4_gemm_transposed(t.as_ptr(), x.map(|x| x.as_ptr()), nb) };
+    // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C,
+    // `has_mx_transposed_kernel` that it has AVX2, FMA and F16C; t holds nb transposed
+    // blocks and every x nb q8_0 blocks (asserted above).
+    return unsafe {
+        let (t, x) = (t.as_ptr(), x.map(|x| x.as_ptr()));
+        if super::qdot::avx2::uses_vnni(isa) {
+            avx512::mxfp4_gemm_transposed(t, x, nb)
+        } else {
+            avx2::mxfp4_gemm_transposed(t, x, nb)
+        }
+    };
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no transposed mxfp4 kernel off x86")
 }
@@ -743,18 +819,8 @@ mod avx512 {
         x: [*const u8; 4],
         nb: usize,
     ) -> [[f32; 8]; 4] {
-        const CH: usize = 8;
-        #[repr(C, align(64))]
-        struct Chunk {
-            /// [block][pair]: step s's bytes of the pair's columns at 8s (+128)
-            xs: [[[u8; 64]; 2]; CH],
-            /// [block]: the four columns' scales
-            dx: [[f32; 4]; CH],
-        }
-        let mut ch = Chunk {
-            xs: [[[0; 64]; 2]; CH],
-            dx: [[0.0; 4]; CH],
-        };
+        const CH: usize = super::MX_CHUNK;
+        let mut ch = super::MxColumns::default();
         // SAFETY: every load lies inside t's nb blocks, the activation blocks and `ch`
         // (caller); the target features above.
         unsafe {
@@ -777,14 +843,7 @@ mod avx512 {
                         let v = _mm512_xor_si512(_mm512_permutex2var_epi32(ya, pairs, yb), flip);
                         _mm512_store_si512(ch.xs[i][h].as_mut_ptr() as *mut _, v);
                     }
-                    let mut h = 0u64;
-                    for (c, &p) in xb.iter().enumerate() {
-                        h |= ((p as *const u16).read_unaligned() as u64) << (16 * c);
-                    }
-                    _mm_storeu_ps(
-                        ch.dx[i].as_mut_ptr(),
-                        _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)),
-                    );
+                    ch.scales(i, xb);
                 }
                 for i in 0..len {
                     let tb = t.add((b0 + i) * super::MX_TBLOCK);
@@ -949,6 +1008,156 @@ mod avx2 {
     }
 
     use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
+
+    /// [`super::mx_transpose8`] on AVX2: per block rows 2j and 2j + 1 in one vector (their 16
+    /// bytes in the two 128-bit lanes), their nibbles mapped to the codebook's values; each
+    /// 32-byte half of a step from two such vectors by two permutes and a blend; the rows'
+    /// sums by `vpmaddubsw` with ones (every i16 at most 8·2·12), the scales as
+    /// `super::super::qgemv_0::e8m0_half8`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; eight rows of `nb` 17-byte blocks at `g`, `row` bytes
+    /// apart; `nb * MX_TBLOCK` writable bytes at `out`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mx_transpose8(g: *const u8, row: usize, nb: usize, out: *mut u8) {
+        // SAFETY: every load lies inside the rows, every store inside out (caller); the
+        // target features above.
+        unsafe {
+            let book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                super::KVALUES_FP4.as_ptr() as *const __m128i
+            ));
+            let m4 = _mm256_set1_epi8(15);
+            let ones8 = _mm256_set1_epi8(1);
+            let ones16 = _mm256_set1_epi16(1);
+            for b in 0..nb {
+                let blk: [*const u8; 8] =
+                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
+                let o = out.add(b * super::MX_TBLOCK);
+                // [lo, hi][pair j]: rows 2j, 2j + 1
+                let mut v = [[_mm256_setzero_si256(); 4]; 2];
+                for j in 0..4 {
+                    let q = _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(
+                            _mm_loadu_si128(blk[2 * j].add(1) as *const __m128i),
+                        ),
+                        _mm_loadu_si128(blk[2 * j + 1].add(1) as *const __m128i),
+                    );
+                    v[0][j] = _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4));
+                    v[1][j] =
+                        _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                }
+                for half in 0..2 {
+                    let mut sum = _mm256_setzero_si256();
+                    for s in 0..8 {
+                        let d = (s % 4) as i32;
+                        let idx = _mm256_setr_epi32(d, d, 4 + d, 4 + d, d, d, 4 + d, 4 + d);
+                        let (a, c) = (v[s / 4][2 * half], v[s / 4][2 * half + 1]);
+                        let w = _mm256_blend_epi32::<0xF0>(
+                            _mm256_permutevar8x32_epi32(a, idx),
+                            _mm256_permutevar8x32_epi32(c, idx),
+                        );
+                        _mm256_storeu_si256(o.add(128 + 64 * s + 32 * half) as *mut __m256i, w);
+                        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(ones8, w));
+                    }
+                    let sum = _mm256_madd_epi16(sum, ones16);
+                    let n = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sum));
+                    _mm256_storeu_si256(o.add(64 + 32 * half) as *mut __m256i, n);
+                }
+                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+                let hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+                _mm256_storeu_ps(o as *mut f32, _mm256_permutevar8x32_ps(e, lo));
+                _mm256_storeu_ps(o.add(32) as *mut f32, _mm256_permutevar8x32_ps(e, hi));
+            }
+        }
+    }
+
+    /// [`super::mxfp4_8x4_transposed`] on AVX2: the lanes of the AVX-512 kernel, rows 0-3
+    /// in one 256-bit half and rows 4-7 in the other; each four elements `vpmaddubsw` of the
+    /// two columns' activations + 128 (unsigned, at most 255) with the rows' values (|v| ≤
+    /// 12), pair sums at most 2·255·12 = 6120, four steps added as i16 (at most 24,480: no
+    /// overflow), then `vpmaddwd` by ones into the i32 sum that starts at −128·Σ(values): the
+    /// block's exact integer, converted and fused-multiply-added with the rounded product of
+    /// the scales.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `t` points at `nb` blocks of `super::mx_transpose8`'s
+    /// layout, every `x` at `nb` q8_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mxfp4_gemm_transposed(
+        t: *const u8,
+        x: [*const u8; 4],
+        nb: usize,
+    ) -> [[f32; 8]; 4] {
+        const CH: usize = super::MX_CHUNK;
+        let mut ch = super::MxColumns::default();
+        // SAFETY: every load lies inside t's nb blocks, the activation blocks and `ch`
+        // (caller); the target features above.
+        unsafe {
+            let flip = _mm256_set1_epi8(-128);
+            let ones = _mm256_set1_epi16(1);
+            // [pair][rows 0-3, 4-7]
+            let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+            let mut b0 = 0;
+            while b0 < nb {
+                let len = CH.min(nb - b0);
+                for i in 0..len {
+                    let b = b0 + i;
+                    let xb = x.map(|x| x.add(b * QBLOCK));
+                    for h in 0..2 {
+                        let ya = _mm256_loadu_si256(xb[2 * h].add(2) as *const __m256i);
+                        let yb = _mm256_loadu_si256(xb[2 * h + 1].add(2) as *const __m256i);
+                        // dwords a0 b0 a1 b1 | a4 b4 a5 b5 and a2 b2 a3 b3 | a6 b6 a7 b7
+                        let (lo, hi) =
+                            (_mm256_unpacklo_epi32(ya, yb), _mm256_unpackhi_epi32(ya, yb));
+                        let o = ch.xs[i][h].as_mut_ptr() as *mut __m256i;
+                        _mm256_store_si256(
+                            o,
+                            _mm256_xor_si256(_mm256_permute2x128_si256::<0x20>(lo, hi), flip),
+                        );
+                        _mm256_store_si256(
+                            o.add(1),
+                            _mm256_xor_si256(_mm256_permute2x128_si256::<0x31>(lo, hi), flip),
+                        );
+                    }
+                    ch.scales(i, xb);
+                }
+                for i in 0..len {
+                    let tb = t.add((b0 + i) * super::MX_TBLOCK);
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let dx = _mm256_castpd_ps(_mm256_set1_pd(
+                            (ch.dx[i].as_ptr().add(2 * h) as *const f64).read_unaligned(),
+                        ));
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            let mut sum = _mm256_loadu_si256(tb.add(64 + 32 * q) as *const __m256i);
+                            for g in 0..2 {
+                                let mut p = _mm256_setzero_si256();
+                                for s in 4 * g..4 * g + 4 {
+                                    let y = _mm256_set1_epi64x(
+                                        (ch.xs[i][h].as_ptr().add(8 * s) as *const i64).read(),
+                                    );
+                                    let w = _mm256_loadu_si256(
+                                        tb.add(128 + 64 * s + 32 * q) as *const __m256i
+                                    );
+                                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(y, w));
+                                }
+                                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                            }
+                            let e = _mm256_loadu_ps(tb.add(32 * q) as *const f32);
+                            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(e, dx), *a);
+                        }
+                    }
+                }
+                b0 += len;
+            }
+            let mut lanes = [[0f32; 16]; 2];
+            for (l, a) in lanes.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(l.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), a[1]);
+            }
+            std::array::from_fn(|c| std::array::from_fn(|r| lanes[c / 2][2 * r + c % 2]))
+        }
+    }
 
     /// [`super::vec_dot8`] on AVX2. Per block: rows 2h and 2h + 1 in one vector (their 16
     /// nibble bytes in the two 128-bit lanes), low and high nibbles split and mapped to their
