@@ -113,7 +113,7 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
         g.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if C == 1 && super::qdot::avx2::uses_vnni(isa) {
+    if C == 1 && has_mx_gemv_kernel(isa) {
         let rows: [&[u8]; 8] = std::array::from_fn(|r| &g[r * row..(r + 1) * row]);
         let one = mxfp4_rows8_apart(isa, rows, x[0], k);
         return std::array::from_fn(|_| one);
@@ -128,10 +128,10 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
     x.map(|x| std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k)))
 }
 
-/// Whether [`mxfp4_rows8_apart`] has a kernel of its own for `isa` (AVX-512 VNNI).
+/// Whether [`mxfp4_rows8_apart`] has a kernel of its own for `isa` (AVX-512 VNNI, AVX2).
 pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::qdot::avx2::uses_vnni(isa);
+    return isa != Isa::Scalar && super::qdot::avx2::available();
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
@@ -142,7 +142,7 @@ pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
 /// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
 /// row, each as [`vec_dot_ref`] gives it: ggml's repack arithmetic depends on no grouping of
 /// the rows, so a mat-vec can take its rows from eight long runs, as the plain rows' kernels
-/// do (`matmul_quant`). AVX-512 VNNI where [`has_mx_gemv_kernel`], else row by row.
+/// do (`matmul_quant`). AVX-512 VNNI or AVX2 where [`has_mx_gemv_kernel`], else row by row.
 pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
     let nb = k / 32;
     assert!(
@@ -153,9 +153,17 @@ pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], k: usize) -> [f32
     );
     #[cfg(target_arch = "x86_64")]
     if has_mx_gemv_kernel(isa) {
-        // SAFETY: `has_mx_gemv_kernel` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA
-        // and F16C; every row holds nb blocks and x nb activation blocks (asserted above).
-        return unsafe { avx512::mxfp4_gemv8(rows.map(|r| r.as_ptr()), x.as_ptr(), nb) };
+        // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C,
+        // `has_mx_gemv_kernel` that it has AVX2, FMA and F16C; every row holds nb blocks and
+        // x nb activation blocks (asserted above).
+        return unsafe {
+            let (rows, x) = (rows.map(|r| r.as_ptr()), x.as_ptr());
+            if super::qdot::avx2::uses_vnni(isa) {
+                avx512::mxfp4_gemv8(rows, x, nb)
+            } else {
+                avx2::mxfp4_gemv8(rows, x, nb)
+            }
+        };
     }
     let _ = isa;
     rows.map(|r| vec_dot_ref(DType::MXFP4, r, x, k))
@@ -420,6 +428,24 @@ pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
             }
         }
     }
+}
+
+/// Block `b` of eight mxfp4 rows, with a prefetch `qgemv_0::PREFETCH` bytes ahead in each row
+/// on even blocks (the eight-row mat-vec kernels read eight long runs).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn mx_blocks(rows: [*const u8; 8], b: usize) -> [*const u8; 8] {
+    let blk = rows.map(|r| r.wrapping_add(b * MX_BLOCK));
+    if b % 2 == 0 {
+        for &r in &blk {
+            let p = r.wrapping_add(super::qgemv_0::PREFETCH);
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+            };
+        }
+    }
+    blk
 }
 
 /// Blocks of activations the transposed mxfp4 kernels lay out at a time.
@@ -687,13 +713,7 @@ mod avx512 {
             let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
             let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
-                let blk = rows.map(|r| r.wrapping_add(b * super::MX_BLOCK));
-                if b % 2 == 0 {
-                    for &r in &blk {
-                        let p = r.wrapping_add(super::super::qgemv_0::PREFETCH);
-                        _mm_prefetch(p as *const i8, _MM_HINT_T0);
-                    }
-                }
+                let blk = super::mx_blocks(rows, b);
                 let xb = x.add(b * QBLOCK);
                 let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
                 let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
@@ -1008,6 +1028,89 @@ mod avx2 {
     }
 
     use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
+
+    /// ggml's repack arithmetic for eight plain mxfp4 rows (anywhere) against one q8_0
+    /// column on AVX2: per block rows 2j and 2j + 1 in one vector (their 16 nibble bytes in
+    /// the two 128-bit lanes), mapped to the codebook's values + 12 (unsigned, at most 24);
+    /// `vpmaddubsw` with the activations (low nibbles with 0-15, high ones with 16-31: each
+    /// i16 at most 2·24·128, the two added at most 12,288), `vpmaddwd` by ones, three
+    /// `vphaddd` to each row's integer in the order 0 2 4 6 | 1 3 5 7, less 12·Σy (the
+    /// offset), then one conversion and FMA with the rounded product of the scales.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `nb` 17-byte blocks at every `rows[r]`, and `nb` q8_0
+    /// blocks at `x`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mxfp4_gemv8(rows: [*const u8; 8], x: *const u8, nb: usize) -> [f32; 8] {
+        // SAFETY: every load lies inside the rows and the activation blocks (caller); the
+        // target features above; prefetches never fault.
+        unsafe {
+            let mut book = [0u8; 16];
+            for (o, &v) in book.iter_mut().zip(super::KVALUES_FP4.iter()) {
+                *o = (v + 12) as u8;
+            }
+            let book =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(book.as_ptr() as *const __m128i));
+            let m4 = _mm256_set1_epi8(15);
+            let twelve = _mm256_set1_epi8(12);
+            let ones = _mm256_set1_epi16(1);
+            // the rows in the reduction's order, for their scales
+            let order: [*const u8; 8] = [0, 2, 4, 6, 1, 3, 5, 7].map(|r| rows[r]);
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk = super::mx_blocks(rows, b);
+                let xb = x.add(b * QBLOCK);
+                let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(2) as *const __m128i));
+                let yhi =
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(18) as *const __m128i));
+                let pair = |j: usize| {
+                    let q = _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(
+                            _mm_loadu_si128(blk[2 * j].add(1) as *const __m128i),
+                        ),
+                        _mm_loadu_si128(blk[2 * j + 1].add(1) as *const __m128i),
+                    );
+                    let lo = _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4));
+                    let hi =
+                        _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                    _mm256_madd_epi16(
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, ylo),
+                            _mm256_maddubs_epi16(hi, yhi),
+                        ),
+                        ones,
+                    )
+                };
+                let isum = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(pair(0), pair(1)),
+                    _mm256_hadd_epi32(pair(2), pair(3)),
+                );
+                // 12·Σy in every lane
+                let c = _mm256_madd_epi16(
+                    _mm256_add_epi16(
+                        _mm256_maddubs_epi16(twelve, ylo),
+                        _mm256_maddubs_epi16(twelve, yhi),
+                    ),
+                    ones,
+                );
+                let c = _mm256_hadd_epi32(c, c);
+                let c = _mm256_hadd_epi32(c, c);
+                let isum = _mm256_sub_epi32(isum, c);
+                let e = super::super::qgemv_0::e8m0_half8(
+                    &order.map(|r| r.wrapping_add(b * super::MX_BLOCK)),
+                );
+                let dx = _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(e, dx), acc);
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+            let mut out = [0f32; 8];
+            for (i, r) in [0, 2, 4, 6, 1, 3, 5, 7].into_iter().enumerate() {
+                out[r] = lanes[i];
+            }
+            out
+        }
+    }
 
     /// [`super::mx_transpose8`] on AVX2: per block rows 2j and 2j + 1 in one vector (their 16
     /// bytes in the two 128-bit lanes), their nibbles mapped to the codebook's values; each
