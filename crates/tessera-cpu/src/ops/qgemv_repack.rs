@@ -436,7 +436,7 @@ pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
 #[inline(always)]
 fn mx_blocks(rows: [*const u8; 8], b: usize) -> [*const u8; 8] {
     let blk = rows.map(|r| r.wrapping_add(b * MX_BLOCK));
-    if b % 2 == 0 {
+    if b.is_multiple_of(2) {
         for &r in &blk {
             let p = r.wrapping_add(super::qgemv_0::PREFETCH);
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
