@@ -572,7 +572,7 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     if q4k {
                         super::qgemv_repack_k::transpose8(g, k, scratch);
                     } else if mx {
-                        super::qgemv_repack::mx_transpose8(g, k, scratch);
+                        super::qgemv_repack::mx_transpose8_on(ctx.isa, g, k, scratch);
                     }
                     for j4 in 0..quads {
                         let xs: [&[u8]; 4] = std::array::from_fn(|c| qcol(4 * j4 + c));
