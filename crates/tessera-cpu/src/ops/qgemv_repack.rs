@@ -305,7 +305,7 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
     if t == DType::MXFP4 {
         if has_mx_transposed_kernel(isa) {
             let mut tr = vec![0u8; mx_transposed_bytes(k)];
-            mx_transpose8(g, k, &mut tr);
+            mx_transpose8_on(isa, g, k, &mut tr);
             return mxfp4_8x4_transposed(isa, &tr, x, k);
         }
         return mxfp4_rows8(isa, g, x, k);
