@@ -499,13 +499,24 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     let e = rows.len() / 8;
                     let skew = run_skews::<8>(e);
                     let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
+                    // the activations' scales and sums, once for the chunk (the group's
+                    // scratch is free: the rows are read where they are)
+                    let sums = &mut scratch[..super::qgemv_repack::mx_sums_bytes(k)];
+                    super::qgemv_repack::mx_gemv_sums(x, k, sums);
+                    let sums = &*sums;
                     let row = |r: usize| {
                         std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
                     };
                     for q in 0..e {
                         let im: [usize; 8] =
                             std::array::from_fn(|j| far_row(rows.start, e, &skew, q, j));
-                        let v = super::qgemv_repack::mxfp4_rows8_apart(ctx.isa, im.map(row), x, k);
+                        let v = super::qgemv_repack::mxfp4_rows8_apart(
+                            ctx.isa,
+                            im.map(row),
+                            x,
+                            sums,
+                            k,
+                        );
                         for (&r, y) in im.iter().zip(v) {
                             *(ctx.dst.add(d_off + r * 4) as *mut f32) = y;
                         }

@@ -97,10 +97,10 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
 
 /// mxfp4 with ggml's repack arithmetic on eight plain rows (`g`: eight consecutive rows of
 /// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are)
-/// against `C` activation rows, `out[c][r]`: for one column on AVX-512 VNNI
-/// `avx512::mxfp4_gemv8` (four rows to a vector, each row's four lane sums added exactly;
-/// Zen 4, one thread: 15.6-16.3 GB/s in cache against the AVX2 kernel's 12.4-13.3), else AVX2
-/// where the CPU has it (each row's block to
+/// against `C` activation rows, `out[c][r]`: for one column [`mxfp4_rows8_apart`] (the
+/// mat-vec kernels; Zen 4, one thread, in cache: 15.6-16.8 GB/s on AVX-512 VNNI, 15.6-17.4 on
+/// AVX2, against 12.4-13.3 for the kernel below), else AVX2 where the CPU has it (each row's
+/// block to
 /// one 256-bit vector of its 32 codebook values, once for the `C` columns; `vpmaddubsw` of the
 /// activations' magnitudes with the values given their signs, exact for every q8_0 byte; the
 /// eight rows' integers reduced together, then one conversion and FMA for the eight), else
@@ -115,7 +115,9 @@ fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [
     #[cfg(target_arch = "x86_64")]
     if C == 1 && has_mx_gemv_kernel(isa) {
         let rows: [&[u8]; 8] = std::array::from_fn(|r| &g[r * row..(r + 1) * row]);
-        let one = mxfp4_rows8_apart(isa, rows, x[0], k);
+        let mut sums = vec![0u8; mx_sums_bytes(k)];
+        mx_gemv_sums(x[0], k, &mut sums);
+        let one = mxfp4_rows8_apart(isa, rows, x[0], &sums, k);
         return std::array::from_fn(|_| one);
     }
     #[cfg(target_arch = "x86_64")]
@@ -139,33 +141,63 @@ pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
     }
 }
 
-/// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
-/// row, each as [`vec_dot_ref`] gives it: ggml's repack arithmetic depends on no grouping of
-/// the rows, so a mat-vec can take its rows from eight long runs, as the plain rows' kernels
-/// do (`matmul_quant`). AVX-512 VNNI or AVX2 where [`has_mx_gemv_kernel`], else row by row.
-pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+/// Bytes [`mx_gemv_sums`] writes for a row of `k` activations: eight a block.
+pub fn mx_sums_bytes(k: usize) -> usize {
+    k / 32 * 8
+}
+
+/// What [`mxfp4_rows8_apart`] needs of one q8_0 activation row (`k / 32` blocks) besides its
+/// bytes, computed once for all its calls: per block the scale as f32 and the sum of the 32
+/// integers as i32 (little-endian, eight bytes a block), so that a kernel's unsigned operand
+/// (the codebook's values plus an offset) costs one subtraction a block instead of a second
+/// pass over the activations.
+pub fn mx_gemv_sums(x: &[u8], k: usize, out: &mut [u8]) {
     let nb = k / 32;
     assert!(
-        rows.iter().all(|r| r.len() >= nb * MX_BLOCK) && x.len() >= nb * QBLOCK,
-        "repack mxfp4: k={k}, eight rows of {:?} bytes, {} activation bytes",
+        x.len() >= nb * QBLOCK && out.len() >= mx_sums_bytes(k),
+        "repack mxfp4 sums: k={k}, {} activation bytes, {} output bytes",
+        x.len(),
+        out.len()
+    );
+    for (xb, o) in x.chunks_exact(QBLOCK).zip(out.chunks_exact_mut(8)).take(nb) {
+        let d = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
+        let s: i32 = xb[2..].iter().map(|&v| v as i8 as i32).sum();
+        o[..4].copy_from_slice(&d.to_le_bytes());
+        o[4..].copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
+/// row `x` (with its [`mx_gemv_sums`] in `sums`), each as [`vec_dot_ref`] gives it: ggml's
+/// repack arithmetic depends on no grouping of the rows, so a mat-vec can take its rows from
+/// eight long runs, as the plain rows' kernels do (`matmul_quant`). AVX-512 VNNI or AVX2
+/// where [`has_mx_gemv_kernel`], else row by row.
+pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], sums: &[u8], k: usize) -> [f32; 8] {
+    let nb = k / 32;
+    assert!(
+        rows.iter().all(|r| r.len() >= nb * MX_BLOCK)
+            && x.len() >= nb * QBLOCK
+            && sums.len() >= mx_sums_bytes(k),
+        "repack mxfp4: k={k}, eight rows of {:?} bytes, {} activation bytes, {} sum bytes",
         rows.map(|r| r.len()),
-        x.len()
+        x.len(),
+        sums.len()
     );
     #[cfg(target_arch = "x86_64")]
     if has_mx_gemv_kernel(isa) {
         // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C,
-        // `has_mx_gemv_kernel` that it has AVX2, FMA and F16C; every row holds nb blocks and
-        // x nb activation blocks (asserted above).
+        // `has_mx_gemv_kernel` that it has AVX2, FMA and F16C; every row holds nb blocks, x
+        // nb activation blocks and sums their eight bytes each (asserted above).
         return unsafe {
-            let (rows, x) = (rows.map(|r| r.as_ptr()), x.as_ptr());
+            let (rows, x, sums) = (rows.map(|r| r.as_ptr()), x.as_ptr(), sums.as_ptr());
             if super::qdot::avx2::uses_vnni(isa) {
-                avx512::mxfp4_gemv8(rows, x, nb)
+                avx512::mxfp4_gemv8(rows, x, sums, nb)
             } else {
-                avx2::mxfp4_gemv8(rows, x, nb)
+                avx2::mxfp4_gemv8(rows, x, sums, nb)
             }
         };
     }
-    let _ = isa;
+    let _ = (isa, sums);
     rows.map(|r| vec_dot_ref(DType::MXFP4, r, x, k))
 }
 
@@ -448,6 +480,40 @@ fn mx_blocks(rows: [*const u8; 8], b: usize) -> [*const u8; 8] {
     blk
 }
 
+/// mxfp4's codebook + 12 and + 128 (unsigned), for the mat-vec kernels' `vpshufb`.
+#[cfg(target_arch = "x86_64")]
+const MX_BOOK_12: [u8; 16] = book_plus(12);
+#[cfg(target_arch = "x86_64")]
+const MX_BOOK_128: [u8; 16] = book_plus(128);
+
+#[cfg(target_arch = "x86_64")]
+const fn book_plus(off: i16) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        b[i] = (KVALUES_FP4[i] as i16 + off) as u8;
+        i += 1;
+    }
+    b
+}
+
+/// Block `b`'s scale and integer sum from [`mx_gemv_sums`]' bytes at `sums`.
+///
+/// # Safety
+/// Eight readable bytes at `sums + 8·b`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_sums(sums: *const u8, b: usize) -> (f32, i32) {
+    // SAFETY: eight readable bytes (caller).
+    unsafe {
+        let p = sums.add(8 * b);
+        (
+            (p as *const f32).read_unaligned(),
+            (p.add(4) as *const i32).read_unaligned(),
+        )
+    }
+}
+
 /// Blocks of activations the transposed mxfp4 kernels lay out at a time.
 #[cfg(target_arch = "x86_64")]
 const MX_CHUNK: usize = 8;
@@ -688,26 +754,28 @@ mod avx512 {
     /// ggml's repack arithmetic for eight plain mxfp4 rows (anywhere) against one
     /// q8_0 column (mat-vec): per block rows 0-3 and 4-7 in two vectors (row r's 16 bytes in
     /// 128-bit lane r % 4), their nibbles mapped to the codebook's values + 128 (unsigned), two
-    /// `vpdpbusd` a vector (low nibbles with activations 0-15, high ones with 16-31) from
-    /// −128 times the lane's activations, the four lanes of each row summed exactly (two
-    /// permutes, an add, a shift, an add, a narrowing) into the row's block integer, then one
-    /// conversion and one FMA with the rounded product of the scales for the eight rows.
+    /// `vpdpbusd` a vector (low nibbles with activations 0-15, high ones with 16-31), the four
+    /// lanes of each row summed exactly (two permutes, an add, a shift, an add, a narrowing)
+    /// into the row's block integer less 128·Σy (from `sums`), then one conversion and one FMA
+    /// with the rounded product of the scales for the eight rows.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `nb` 17-byte blocks at
-    /// every `rows[r]`, and `nb` q8_0 blocks at `x`.
+    /// every `rows[r]`, `nb` q8_0 blocks at `x` and their `super::mx_gemv_sums` at `sums`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn mxfp4_gemv8(rows: [*const u8; 8], x: *const u8, nb: usize) -> [f32; 8] {
-        // SAFETY: every load lies inside the rows and the activation blocks (caller); the
-        // target features above; prefetches never fault.
+    pub unsafe fn mxfp4_gemv8(
+        rows: [*const u8; 8],
+        x: *const u8,
+        sums: *const u8,
+        nb: usize,
+    ) -> [f32; 8] {
+        // SAFETY: every load lies inside the rows, the activation blocks and their sums
+        // (caller); the target features above; prefetches never fault.
         unsafe {
-            let mut book = [0u8; 16];
-            for (o, &v) in book.iter_mut().zip(super::KVALUES_FP4.iter()) {
-                *o = (v as i16 + 128) as u8;
-            }
-            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(book.as_ptr() as *const __m128i));
+            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                super::MX_BOOK_128.as_ptr() as *const __m128i
+            ));
             let m4 = _mm512_set1_epi8(15);
-            let off = _mm512_set1_epi8(-128);
             let zero = _mm512_setzero_si512();
             let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
             let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -717,12 +785,7 @@ mod avx512 {
                 let xb = x.add(b * QBLOCK);
                 let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
                 let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
-                // −128·(Σ of the lane's four low and four high activations)
-                let n = _mm512_sub_epi32(
-                    zero,
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, off, ylo), off, yhi),
-                );
-                let sums: [__m512i; 2] = std::array::from_fn(|h| {
+                let dots: [__m512i; 2] = std::array::from_fn(|h| {
                     let q = |r: usize| _mm_loadu_si128(blk[4 * h + r].add(1) as *const __m128i);
                     let z = _mm512_castsi128_si512(q(0));
                     let z = _mm512_inserti32x4::<1>(z, q(1));
@@ -731,17 +794,21 @@ mod avx512 {
                     let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
                     let hi =
                         _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4));
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(n, lo, ylo), hi, yhi)
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, ylo), hi, yhi)
                 });
                 let p = _mm512_add_epi32(
-                    _mm512_permutex2var_epi32(sums[0], even, sums[1]),
-                    _mm512_permutex2var_epi32(sums[0], odd, sums[1]),
+                    _mm512_permutex2var_epi32(dots[0], even, dots[1]),
+                    _mm512_permutex2var_epi32(dots[0], odd, dots[1]),
                 );
                 let p = _mm512_add_epi32(p, _mm512_srli_epi64::<32>(p));
-                let isum = _mm512_cvtepi64_epi32(p);
+                let (dx, sy) = super::block_sums(sums, b);
+                let isum = _mm256_sub_epi32(_mm512_cvtepi64_epi32(p), _mm256_set1_epi32(sy << 7));
                 let e = super::super::qgemv_0::e8m0_half8(&blk);
-                let dx = _mm256_set1_ps(scale(xb));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(e, dx), acc);
+                acc = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(isum),
+                    _mm256_mul_ps(e, _mm256_set1_ps(dx)),
+                    acc,
+                );
             }
             let mut out = [0f32; 8];
             _mm256_storeu_ps(out.as_mut_ptr(), acc);
@@ -1033,26 +1100,28 @@ mod avx2 {
     /// column on AVX2: per block rows 2j and 2j + 1 in one vector (their 16 nibble bytes in
     /// the two 128-bit lanes), mapped to the codebook's values + 12 (unsigned, at most 24);
     /// `vpmaddubsw` with the activations (low nibbles with 0-15, high ones with 16-31: each
-    /// i16 at most 2·24·128, the two added at most 12,288), `vpmaddwd` by ones, three
-    /// `vphaddd` to each row's integer in the order 0 2 4 6 | 1 3 5 7, less 12·Σy (the
-    /// offset), then one conversion and FMA with the rounded product of the scales.
+    /// i16 at most 2·24·128, the two added at most 12,288), `vphaddw` of two such vectors
+    /// (at most 24,576, still exact), `vpmaddwd` by ones and one `vphaddd` to each row's
+    /// integer in the order 0 2 4 6 | 1 3 5 7, less 12·Σy (from `sums`), then one conversion
+    /// and FMA with the rounded product of the scales.
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `nb` 17-byte blocks at every `rows[r]`, and `nb` q8_0
-    /// blocks at `x`.
+    /// The CPU has AVX2, FMA and F16C; `nb` 17-byte blocks at every `rows[r]`, `nb` q8_0
+    /// blocks at `x` and their `super::mx_gemv_sums` at `sums`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mxfp4_gemv8(rows: [*const u8; 8], x: *const u8, nb: usize) -> [f32; 8] {
-        // SAFETY: every load lies inside the rows and the activation blocks (caller); the
-        // target features above; prefetches never fault.
+    pub unsafe fn mxfp4_gemv8(
+        rows: [*const u8; 8],
+        x: *const u8,
+        sums: *const u8,
+        nb: usize,
+    ) -> [f32; 8] {
+        // SAFETY: every load lies inside the rows, the activation blocks and their sums
+        // (caller); the target features above; prefetches never fault.
         unsafe {
-            let mut book = [0u8; 16];
-            for (o, &v) in book.iter_mut().zip(super::KVALUES_FP4.iter()) {
-                *o = (v + 12) as u8;
-            }
-            let book =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128(book.as_ptr() as *const __m128i));
+            let book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                super::MX_BOOK_12.as_ptr() as *const __m128i
+            ));
             let m4 = _mm256_set1_epi8(15);
-            let twelve = _mm256_set1_epi8(12);
             let ones = _mm256_set1_epi16(1);
             // the rows in the reduction's order, for their scales
             let order: [*const u8; 8] = [0, 2, 4, 6, 1, 3, 5, 7].map(|r| rows[r]);
@@ -1073,34 +1142,22 @@ mod avx2 {
                     let lo = _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4));
                     let hi =
                         _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                    _mm256_madd_epi16(
-                        _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo, ylo),
-                            _mm256_maddubs_epi16(hi, yhi),
-                        ),
-                        ones,
-                    )
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi))
                 };
                 let isum = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32(pair(0), pair(1)),
-                    _mm256_hadd_epi32(pair(2), pair(3)),
+                    _mm256_madd_epi16(_mm256_hadd_epi16(pair(0), pair(1)), ones),
+                    _mm256_madd_epi16(_mm256_hadd_epi16(pair(2), pair(3)), ones),
                 );
-                // 12·Σy in every lane
-                let c = _mm256_madd_epi16(
-                    _mm256_add_epi16(
-                        _mm256_maddubs_epi16(twelve, ylo),
-                        _mm256_maddubs_epi16(twelve, yhi),
-                    ),
-                    ones,
-                );
-                let c = _mm256_hadd_epi32(c, c);
-                let c = _mm256_hadd_epi32(c, c);
-                let isum = _mm256_sub_epi32(isum, c);
+                let (dx, sy) = super::block_sums(sums, b);
+                let isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(12 * sy));
                 let e = super::super::qgemv_0::e8m0_half8(
                     &order.map(|r| r.wrapping_add(b * super::MX_BLOCK)),
                 );
-                let dx = _mm256_set1_ps(super::f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(e, dx), acc);
+                acc = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(isum),
+                    _mm256_mul_ps(e, _mm256_set1_ps(dx)),
+                    acc,
+                );
             }
             let mut lanes = [0f32; 8];
             _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
