@@ -476,6 +476,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         } else {
             m.div_ceil(2 * ctx.nth).next_multiple_of(8)
         };
+        // the activation row whose mxfp4 sums the thread's scratch holds (repacked mat-vec)
+        let mut sums_of = usize::MAX;
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
             // SAFETY: the chunk's groups lie in a's validated span (whole groups: m and the
             // chunk are multiples of 8); dst[rows, ..] of this batch is written by the thread
@@ -499,10 +501,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     let e = rows.len() / 8;
                     let skew = run_skews::<8>(e);
                     let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
-                    // the activations' scales and sums, once for the chunk (the group's
-                    // scratch is free: the rows are read where they are)
+                    // the activations' scales and sums, once a thread for each activation row
+                    // (the group's scratch is free: the rows are read where they are, and
+                    // only this branch runs for the node)
                     let sums = &mut scratch[..super::qgemv_repack::mx_sums_bytes(k)];
-                    super::qgemv_repack::mx_gemv_sums(x, k, sums);
+                    if sums_of != col0 {
+                        super::qgemv_repack::mx_gemv_sums(x, k, sums);
+                        sums_of = col0;
+                    }
                     let sums = &*sums;
                     let row = |r: usize| {
                         std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
