@@ -611,9 +611,18 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
     assert_plain_differs(&cases, 200);
 }
 
+/// Eight plain mxfp4 rows of `k` weights as the repack layout holds them (interleaved with a
+/// one-byte head, `tessera::layout::group_head`).
+fn mx_group(plain: &[u8], k: usize) -> Vec<u8> {
+    let row = DType::MXFP4.row_size(k).unwrap();
+    let mut g = vec![0u8; plain.len()];
+    tessera::layout::interleave8(DType::MXFP4, row, plain, &mut g).unwrap();
+    g
+}
+
 /// The rearranged mxfp4 rows of mat-mat (`mx_transpose8`): the SIMD version writes the scalar
 /// definition's bytes for random bytes (every code, every scale byte), and the four-column
-/// kernel on them gives, bit for bit, the one-column kernel's results on the plain rows
+/// kernel on them gives, bit for bit, the one-column kernel's results on the group
 /// (which `mxfp4_kernels_equal_the_definition` ties to the definition).
 #[test]
 fn mxfp4_transposed_rows_keep_the_bits() {
@@ -628,17 +637,18 @@ fn mxfp4_transposed_rows_keep_the_bits() {
                 *b = rng.below(256) as u8;
             }
         }
+        let g = mx_group(&plain, k);
         let mut scalar = vec![0x5Au8; mx_transposed_bytes(k)];
-        mx_transpose8_scalar(&plain, k, &mut scalar);
+        mx_transpose8_scalar(&g, k, &mut scalar);
         let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
-        mx_transpose8(&plain, k, &mut simd);
+        mx_transpose8(&g, k, &mut simd);
         assert!(
             simd == scalar,
             "k={k} case {case}: the transposed bytes differ"
         );
         for &isa in &isas() {
             let mut on = vec![0xC3u8; mx_transposed_bytes(k)];
-            rp::mx_transpose8_on(isa, &plain, k, &mut on);
+            rp::mx_transpose8_on(isa, &g, k, &mut on);
             assert!(
                 on == scalar,
                 "k={k} case {case} on {isa:?}: the transposed bytes differ"
@@ -652,7 +662,7 @@ fn mxfp4_transposed_rows_keep_the_bits() {
             }
             let four = mxfp4_8x4_transposed(isa, &scalar, xs, k);
             for (c, xc) in xs.iter().enumerate() {
-                let one = vec_dot8(isa, t, &plain, xc, k);
+                let one = vec_dot8(isa, t, &g, xc, k);
                 assert!(
                     (0..8).all(|r| four[c][r].to_bits() == one[r].to_bits()),
                     "k={k} case {case} column {c} on {isa:?}: {:?} vs {:?}",
@@ -673,7 +683,7 @@ fn mxfp4_transposed_rows_keep_the_bits() {
     assert!(have > 0 || !std::arch::is_x86_feature_detected!("avx2"));
 }
 
-/// mxfp4's eight-row kernel on plain rows, random and adversarial (every code, activations at
+/// mxfp4's eight-row kernel on a group, random and adversarial (every code, activations at
 /// ±127 and −128, scale bytes from 0 (a subnormal 2^-128) to 254 (2^126), extreme f16 activation
 /// scales): on every ISA, row by row the definition's bits, and the four-column and four-group
 /// entry points those of one column and one group.
@@ -710,8 +720,9 @@ fn mxfp4_kernels_equal_the_definition() {
         let nb = k / 32;
         let others = other_columns(&x, nb);
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let g = mx_group(&plain, k);
         for &isa in &isas() {
-            let got = vec_dot8(isa, t, &plain, &x, k);
+            let got = vec_dot8(isa, t, &g, &x, k);
             for r in 0..8 {
                 let want = vec_dot_ref(t, &plain[r * row..(r + 1) * row], &x, k);
                 assert!(
@@ -722,15 +733,15 @@ fn mxfp4_kernels_equal_the_definition() {
                 checked += 1;
             }
             let xs = [&x[..], &others[0], &others[1], &others[2]];
-            let four = vec_dot8x4(isa, t, &plain, xs, k);
+            let four = vec_dot8x4(isa, t, &g, xs, k);
             for (c, xc) in xs.iter().enumerate() {
-                let one = vec_dot8(isa, t, &plain, xc, k);
+                let one = vec_dot8(isa, t, &g, xc, k);
                 assert!(
                     (0..8).all(|r| same(four[c][r], one[r])),
                     "case {case} column {c}"
                 );
             }
-            let groups = vec_dot8_groups4(isa, t, [&plain; 4], &x, k);
+            let groups = vec_dot8_groups4(isa, t, [&g; 4], &x, k);
             assert!(groups.iter().all(|g| (0..8).all(|r| same(g[r], got[r]))));
         }
     }

@@ -265,13 +265,16 @@ impl Model {
     /// loads a second time for the output's `mul_mat` and repacks) computed with the
     /// arithmetic of ggml's repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the
     /// results of llama.cpp's default on x86 rather than of its `--no-repack`, which is what
-    /// the plain rows give. The q4_0 and iq4_nl ones are copied into interleaved rows (a tied
-    /// output matrix too, while the embedding lookups read the mapped table); the q4_K and
-    /// mxfp4 ones stay mapped. Other weights are as before (interleaved q4_1 too, if chosen).
+    /// the plain rows give. The q4_0, iq4_nl and mxfp4 ones are copied into interleaved rows
+    /// (`tessera::layout::group_head`; a tied output matrix too, while the embedding lookups
+    /// read the mapped table), as ggml copies them into its repack buffer; the q4_K ones stay
+    /// mapped. Other weights are as before (interleaved q4_1 too, if chosen).
     pub fn with_repacked_rows(self) -> Result<Model> {
-        let mut m = self.with_interleaved_rows_where(|t| {
-            tessera::layout::repack_numerics(t) && tessera::layout::interleave_head(t).is_some()
-        })?;
+        let reorders = |t: DType| {
+            tessera::layout::repack_numerics(t)
+                && tessera::layout::reorders(RowLayout::Repacked8, t)
+        };
+        let mut m = self.with_copies_where(reorders)?;
         m.repacked = true;
         let repackable = |t: &TensorInfo| {
             tessera::layout::repack_numerics(t.dtype) && t.n_dims == 2 && t.ne[1].is_multiple_of(8)
@@ -288,13 +291,13 @@ impl Model {
             .iter()
             .filter(|t| {
                 repackable(t)
-                    && tessera::layout::interleave_head(t.dtype).is_none()
+                    && !reorders(t.dtype)
                     && (!t.name.contains("_embd")
                         || tied.as_ref().is_some_and(|e| e.name == t.name))
             })
             .map(|t| t.name.clone())
             .collect();
-        if let Some(t) = tied.filter(|t| tessera::layout::interleave_head(t.dtype).is_some()) {
+        if let Some(t) = tied.filter(|t| reorders(t.dtype)) {
             // read as ggml's rows by `get_rows` (the mapped table) and through this copy by the
             // output's `mul_mat` (`weight_buffer_as` binds a leaf by its layout)
             let out = m.interleaved_copy(&t)?;
@@ -318,10 +321,16 @@ impl Model {
 
     /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among q4_0, q4_1,
     /// iq4_nl and iq4_xs; e.g. all of them on any CPU, for tests).
-    pub fn with_interleaved_rows_where(mut self, pick: impl Fn(DType) -> bool) -> Result<Model> {
+    pub fn with_interleaved_rows_where(self, pick: impl Fn(DType) -> bool) -> Result<Model> {
+        self.with_copies_where(|t| tessera::layout::interleave_head(t).is_some() && pick(t))
+    }
+
+    /// Copies of the matrices of the types `pick` chooses (2-D, whole groups of eight rows,
+    /// not an embedding table) in `tessera::layout::interleave8`'s order, their mapped pages
+    /// released.
+    fn with_copies_where(mut self, pick: impl Fn(DType) -> bool) -> Result<Model> {
         for t in &self.file.tensors {
-            let eligible = tessera::layout::interleave_head(t.dtype).is_some()
-                && pick(t.dtype)
+            let eligible = pick(t.dtype)
                 && t.n_dims == 2
                 && t.ne[1].is_multiple_of(8)
                 && !t.name.contains("_embd");

@@ -23,10 +23,13 @@
 //! integer dot product (32 weights × 32 q8_0 activations), converted to f32, times the product
 //! of the two blocks' f16 scales (exact in f32), by one fused multiply-add into an f32
 //! accumulator that starts at zero; the result is that accumulator, whatever the column count
-//! or thread count. mxfp4 rows take the same steps on their plain bytes (17-byte blocks are
-//! not interleaved), with the block scale ggml's `GGML_E8M0_TO_FP32_HALF` of the block's
-//! exponent byte, whose product with the activations' f16 scale is rounded (it can be
-//! subnormal) before the multiply-add, as in ggml. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
+//! or thread count. mxfp4 rows take the same steps, with the block scale ggml's
+//! `GGML_E8M0_TO_FP32_HALF` of the block's exponent byte, whose product with the
+//! activations' f16 scale is rounded (it can be subnormal) before the multiply-add, as in
+//! ggml; their bytes are interleaved as above with a one-byte head (per block the eight
+//! exponents, then the eight rows' 16 bytes of nibbles: 136 bytes, ggml's `block_mxfp4x8`
+//! in a simpler order), which only the repack arithmetic reads ([`group_head`]; there is
+//! no `Interleaved8` mxfp4). q4_K rows take it too (ggml repacks them on x86 as well), on their plain
 //! bytes, so the weights stay mapped (the mat-mat kernel rearranges each group of eight rows
 //! on the way). Its rounding depends on the column: ggml's four-column kernel adds one FMA
 //! per 64 weights, its one-column kernel one per 256 (see `qgemv_repack_k` in `tessera-cpu`).
@@ -48,9 +51,9 @@ pub enum RowLayout {
     Plain,
     /// Groups of eight rows interleaved block by block (see the module's documentation).
     Interleaved8,
-    /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl) or the plain rows (q4_K),
-    /// multiplied with the arithmetic of ggml's CPU repack buffer (see the module's
-    /// documentation).
+    /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl; mxfp4 with its one-byte
+    /// head) or the plain rows (q4_K), multiplied with the arithmetic of ggml's CPU repack
+    /// buffer (see the module's documentation).
     Repacked8,
 }
 
@@ -66,7 +69,17 @@ pub fn reorders(layout: RowLayout, t: DType) -> bool {
     match layout {
         RowLayout::Plain => false,
         RowLayout::Interleaved8 => true,
-        RowLayout::Repacked8 => interleave_head(t).is_some(),
+        RowLayout::Repacked8 => group_head(t).is_some(),
+    }
+}
+
+/// Bytes at the start of each block of `t` that [`interleave8`] keeps together: those of
+/// [`interleave_head`], and mxfp4's exponent byte (its rows are interleaved for
+/// [`RowLayout::Repacked8`] only).
+pub fn group_head(t: DType) -> Option<usize> {
+    match t {
+        DType::MXFP4 => Some(1),
+        _ => interleave_head(t),
     }
 }
 
@@ -82,7 +95,7 @@ pub fn interleave_head(t: DType) -> Option<usize> {
 }
 
 fn geometry(t: DType, row_bytes: usize, len: usize) -> Result<(usize, usize, usize)> {
-    let head = interleave_head(t)
+    let head = group_head(t)
         .ok_or_else(|| Error::Invalid(format!("interleave8: {t} has no interleaved layout")))?;
     let block = t.type_size();
     if row_bytes == 0 || !row_bytes.is_multiple_of(block) || !len.is_multiple_of(8 * row_bytes) {
@@ -124,6 +137,8 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
         (4, 20, false) => regroup_as::<4, 20, false>(row_bytes, src, out),
         (8, 136, true) => regroup_as::<8, 136, true>(row_bytes, src, out),
         (8, 136, false) => regroup_as::<8, 136, false>(row_bytes, src, out),
+        (1, 17, true) => regroup_as::<1, 17, true>(row_bytes, src, out),
+        (1, 17, false) => regroup_as::<1, 17, false>(row_bytes, src, out),
         _ => unreachable!("{t}: a head of {head} bytes in {block}-byte blocks"),
     }
     Ok(())
@@ -172,9 +187,10 @@ mod tests {
             (DType::Q4_1, 1),
             (DType::IQ4NL, 5),
             (DType::IQ4XS, 2),
+            (DType::MXFP4, 3),
         ] {
             let block = t.type_size();
-            let head = interleave_head(t).unwrap();
+            let head = group_head(t).unwrap();
             let row = nb * block;
             let plain: Vec<u8> = (0..16 * row).map(|i| (i * 7 + i / 251) as u8).collect();
             let mut packed = vec![0u8; plain.len()];

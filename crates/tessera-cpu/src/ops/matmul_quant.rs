@@ -493,16 +493,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     && a.dtype == DType::MXFP4
                     && super::qgemv_repack::has_mx_gemv_kernel(ctx.isa)
                 {
-                    // repacked mxfp4 keeps its plain rows, and its arithmetic does not depend
-                    // on which rows share a call: eight rows a call, row q of each eighth of
-                    // the chunk, eight long runs as the plain rows' mat-vec reads them (a
-                    // 576×49152 matrix in L3, one thread of a Zen 4: 7.4 GB/s by groups of
-                    // eight adjacent rows from four quarters of the chunk, 14-16 this way)
-                    let e = rows.len() / 8;
-                    let skew = run_skews::<8>(e);
+                    // repacked mxfp4: the chunk's groups one after the other (interleaved, as
+                    // ggml's repack buffer holds them: one sequential stream)
                     let x = std::slice::from_raw_parts(ctx.wdata.add(col0 * l.qrow), l.qrow);
                     // the activations' scales and sums, once a thread for each activation row
-                    // (the group's scratch is free: the rows are read where they are, and
+                    // (the group's scratch is free: the groups are read where they are, and
                     // only this branch runs for the node)
                     let sums = &mut scratch[..super::qgemv_repack::mx_sums_bytes(k)];
                     if sums_of != col0 {
@@ -510,21 +505,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         sums_of = col0;
                     }
                     let sums = &*sums;
-                    let row = |r: usize| {
-                        std::slice::from_raw_parts(ctx.src[0].add(a_off + r * a.nb[1]), row_bytes)
-                    };
-                    for q in 0..e {
-                        let im: [usize; 8] =
-                            std::array::from_fn(|j| far_row(rows.start, e, &skew, q, j));
-                        let v = super::qgemv_repack::mxfp4_rows8_apart(
-                            ctx.isa,
-                            im.map(row),
-                            x,
-                            sums,
-                            k,
+                    for r0 in rows.step_by(8) {
+                        let g = std::slice::from_raw_parts(
+                            ctx.src[0].add(a_off + r0 * a.nb[1]),
+                            8 * row_bytes,
                         );
-                        for (&r, y) in im.iter().zip(v) {
-                            *(ctx.dst.add(d_off + r * 4) as *mut f32) = y;
+                        let v = super::qgemv_repack::mxfp4_group8(ctx.isa, g, x, sums, k);
+                        for (i, y) in v.into_iter().enumerate() {
+                            *(ctx.dst.add(d_off + (r0 + i) * 4) as *mut f32) = y;
                         }
                     }
                     continue;

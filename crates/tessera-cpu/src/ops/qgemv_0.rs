@@ -175,7 +175,15 @@ pub(crate) unsafe fn e8m0_half8(p: &[*const u8; 8]) -> __m256 {
         for (j, &r) in p.iter().enumerate() {
             bytes |= (*r as u64) << (8 * j);
         }
-        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64));
+        e8m0_half_lanes(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64)))
+    }
+}
+
+/// [`e8m0_half8`] of eight exponents already in the i32 lanes of `e` (each 0..=255).
+#[inline(always)]
+pub(crate) unsafe fn e8m0_half_lanes(e: __m256i) -> __m256 {
+    // SAFETY: register arithmetic only.
+    unsafe {
         let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
         let tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
         let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));

@@ -95,42 +95,54 @@ pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     acc
 }
 
-/// mxfp4 with ggml's repack arithmetic on eight plain rows (`g`: eight consecutive rows of
-/// `k / 32` blocks; ggml repacks them into `block_mxfp4x8`, this reads them where they are)
-/// against `C` activation rows, `out[c][r]`: for one column [`mxfp4_rows8_apart`] (the
-/// mat-vec kernels; Zen 4, one thread, in cache: 15.6-16.8 GB/s on AVX-512 VNNI, 15.6-17.4 on
-/// AVX2, against 12.4-13.3 for the kernel below), else AVX2 where the CPU has it (each row's
-/// block to
-/// one 256-bit vector of its 32 codebook values, once for the `C` columns; `vpmaddubsw` of the
-/// activations' magnitudes with the values given their signs, exact for every q8_0 byte; the
-/// eight rows' integers reduced together, then one conversion and FMA for the eight), else
-/// [`vec_dot_ref`] row by row.
+/// mxfp4 with ggml's repack arithmetic on one group of eight rows (`g`: `tessera::layout`'s
+/// interleaved order with a one-byte head, [`MX_GBLOCK`] bytes a block, as ggml repacks them
+/// into `block_mxfp4x8`) against `C` activation rows, `out[c][r]`: for one column
+/// [`mxfp4_group8`] (the mat-vec kernels), else the definition row by row
+/// ([`mxfp4_group_ref`]; a mat-mat takes [`mx_transpose8`] and [`mxfp4_8x4_transposed`]
+/// where they have kernels).
 fn mxfp4_rows8<const C: usize>(isa: Isa, g: &[u8], x: [&[u8]; C], k: usize) -> [[f32; 8]; C] {
-    let (nb, row) = (k / 32, k / 32 * MX_BLOCK);
-    assert!(
-        g.len() >= 8 * row && x.iter().all(|x| x.len() >= nb * QBLOCK),
-        "repack mxfp4: k={k}, eight rows in {} bytes",
-        g.len()
-    );
     #[cfg(target_arch = "x86_64")]
     if C == 1 && has_mx_gemv_kernel(isa) {
-        let rows: [&[u8]; 8] = std::array::from_fn(|r| &g[r * row..(r + 1) * row]);
         let mut sums = vec![0u8; mx_sums_bytes(k)];
         mx_gemv_sums(x[0], k, &mut sums);
-        let one = mxfp4_rows8_apart(isa, rows, x[0], &sums, k);
+        let one = mxfp4_group8(isa, g, x[0], &sums, k);
         return std::array::from_fn(|_| one);
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && super::qdot::avx2::available() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
-        // and every x nb activation blocks (asserted above).
-        return unsafe { avx2::mxfp4_rows8(g.as_ptr(), row, x.map(|x| x.as_ptr()), nb) };
-    }
     let _ = isa;
-    x.map(|x| std::array::from_fn(|r| vec_dot_ref(DType::MXFP4, &g[r * row..(r + 1) * row], x, k)))
+    x.map(|x| mxfp4_group_ref(g, x, k))
 }
 
-/// Whether [`mxfp4_rows8_apart`] has a kernel of its own for `isa` (AVX-512 VNNI, AVX2).
+/// Bytes of one block of an interleaved group of eight mxfp4 rows: the eight exponent bytes,
+/// then each row's 16 bytes of nibbles, row 0's first.
+pub const MX_GBLOCK: usize = 8 * MX_BLOCK;
+
+/// [`vec_dot_ref`] of each row of one interleaved mxfp4 group (see [`mxfp4_rows8`]) against
+/// one q8_0 activation row: the definition, on the group's bytes.
+pub fn mxfp4_group_ref(g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    let nb = k / 32;
+    assert!(
+        g.len() >= nb * MX_GBLOCK && x.len() >= nb * QBLOCK,
+        "repack mxfp4 group: k={k}, a group of {} bytes, {} activation bytes",
+        g.len(),
+        x.len()
+    );
+    let mut acc = [0f32; 8];
+    for (blk, xb) in g
+        .chunks_exact(MX_GBLOCK)
+        .zip(x.chunks_exact(QBLOCK))
+        .take(nb)
+    {
+        let dx = f16_to_f32(u16::from_le_bytes([xb[0], xb[1]]));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let isum = block_isum(DType::MXFP4, &blk[8 + 16 * r..24 + 16 * r], &xb[2..]);
+            *a = (isum as f32).mul_add(e8m0_half(blk[r]) * dx, *a);
+        }
+    }
+    acc
+}
+
+/// Whether [`mxfp4_group8`] has a kernel of its own for `isa` (AVX-512 VNNI, AVX2).
 pub fn has_mx_gemv_kernel(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa != Isa::Scalar && super::qdot::avx2::available();
@@ -146,7 +158,7 @@ pub fn mx_sums_bytes(k: usize) -> usize {
     k / 32 * 8
 }
 
-/// What [`mxfp4_rows8_apart`] needs of one q8_0 activation row (`k / 32` blocks) besides its
+/// What [`mxfp4_group8`] needs of one q8_0 activation row (`k / 32` blocks) besides its
 /// bytes, computed once for all its calls: per block the scale as f32 and the sum of the 32
 /// integers as i32 (little-endian, eight bytes a block), so that a kernel's unsigned operand
 /// (the codebook's values plus an offset) costs one subtraction a block instead of a second
@@ -167,38 +179,35 @@ pub fn mx_gemv_sums(x: &[u8], k: usize, out: &mut [u8]) {
     }
 }
 
-/// Eight plain mxfp4 rows anywhere (`rows`, `k / 32` blocks each) against one q8_0 activation
-/// row `x` (with its [`mx_gemv_sums`] in `sums`), each as [`vec_dot_ref`] gives it: ggml's
-/// repack arithmetic depends on no grouping of the rows, so a mat-vec can take its rows from
-/// eight long runs, as the plain rows' kernels do (`matmul_quant`). AVX-512 VNNI or AVX2
-/// where [`has_mx_gemv_kernel`], else row by row.
-pub fn mxfp4_rows8_apart(isa: Isa, rows: [&[u8]; 8], x: &[u8], sums: &[u8], k: usize) -> [f32; 8] {
+/// One interleaved group of eight mxfp4 rows (`g`, see [`mxfp4_rows8`]) against one q8_0
+/// activation row `x` (with its [`mx_gemv_sums`] in `sums`), each row as [`vec_dot_ref`]
+/// gives it: AVX-512 VNNI or AVX2 where [`has_mx_gemv_kernel`], else [`mxfp4_group_ref`]. A
+/// mat-vec reads its groups one after the other, one sequential stream.
+pub fn mxfp4_group8(isa: Isa, g: &[u8], x: &[u8], sums: &[u8], k: usize) -> [f32; 8] {
     let nb = k / 32;
     assert!(
-        rows.iter().all(|r| r.len() >= nb * MX_BLOCK)
-            && x.len() >= nb * QBLOCK
-            && sums.len() >= mx_sums_bytes(k),
-        "repack mxfp4: k={k}, eight rows of {:?} bytes, {} activation bytes, {} sum bytes",
-        rows.map(|r| r.len()),
+        g.len() >= nb * MX_GBLOCK && x.len() >= nb * QBLOCK && sums.len() >= mx_sums_bytes(k),
+        "repack mxfp4: k={k}, a group of {} bytes, {} activation bytes, {} sum bytes",
+        g.len(),
         x.len(),
         sums.len()
     );
     #[cfg(target_arch = "x86_64")]
     if has_mx_gemv_kernel(isa) {
         // SAFETY: `uses_vnni` says the CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C,
-        // `has_mx_gemv_kernel` that it has AVX2, FMA and F16C; every row holds nb blocks, x
-        // nb activation blocks and sums their eight bytes each (asserted above).
+        // `has_mx_gemv_kernel` that it has AVX2, FMA and F16C; g holds nb blocks of eight
+        // rows, x nb activation blocks and sums their eight bytes each (asserted above).
         return unsafe {
-            let (rows, x, sums) = (rows.map(|r| r.as_ptr()), x.as_ptr(), sums.as_ptr());
+            let (g, x, sums) = (g.as_ptr(), x.as_ptr(), sums.as_ptr());
             if super::qdot::avx2::uses_vnni(isa) {
-                avx512::mxfp4_gemv8(rows, x, sums, nb)
+                avx512::mxfp4_gemv8(g, x, sums, nb)
             } else {
-                avx2::mxfp4_gemv8(rows, x, sums, nb)
+                avx2::mxfp4_gemv8(g, x, sums, nb)
             }
         };
     }
     let _ = (isa, sums);
-    rows.map(|r| vec_dot_ref(DType::MXFP4, r, x, k))
+    mxfp4_group_ref(g, x, k)
 }
 
 /// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
@@ -380,7 +389,7 @@ pub fn mx_transposed_bytes(k: usize) -> usize {
 }
 
 /// Whether [`mxfp4_8x4_transposed`] runs here (AVX-512 VNNI, AVX2); else mat-mat keeps
-/// [`vec_dot8x4`]'s scalar path on the plain rows.
+/// [`vec_dot8x4`]'s scalar path on the group.
 pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa != Isa::Scalar && super::qdot::avx2::available();
@@ -391,19 +400,19 @@ pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
     }
 }
 
-/// The block count and row length of [`mx_transpose8`]'s arguments, checked.
-fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> (usize, usize) {
-    let (nb, row) = (k / 32, k / 32 * MX_BLOCK);
+/// The block count of [`mx_transpose8`]'s arguments, checked.
+fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> usize {
+    let nb = k / 32;
     assert!(
-        k.is_multiple_of(32) && g.len() >= 8 * row && out.len() >= nb * MX_TBLOCK,
-        "repack mxfp4 transpose8: k={k}, {} bytes of rows, room for {}",
+        k.is_multiple_of(32) && g.len() >= nb * MX_GBLOCK && out.len() >= nb * MX_TBLOCK,
+        "repack mxfp4 transpose8: k={k}, a group of {} bytes, room for {}",
         g.len(),
         out.len()
     );
-    (nb, row)
+    nb
 }
 
-/// Eight plain mxfp4 rows (`g`, `8 × k / 32` blocks) rearranged for
+/// One interleaved group of eight mxfp4 rows (`g`, see [`mxfp4_rows8`]) rearranged for
 /// [`mxfp4_8x4_transposed`] (see [`MX_TBLOCK`]): one row a lane, as ggml's `block_mxfp4x8`
 /// kernels keep them, each row twice so that a vector takes two columns; a mat-mat does it
 /// once per group for all its columns.
@@ -416,18 +425,18 @@ pub fn mx_transpose8(g: &[u8], k: usize, out: &mut [u8]) {
 pub fn mx_transpose8_on(isa: Isa, g: &[u8], k: usize, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if super::qdot::avx2::uses_vnni(isa) {
-        let (nb, row) = mx_transpose_sizes(g, k, out);
+        let nb = mx_transpose_sizes(g, k, out);
         // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C (`uses_vnni`); g holds
-        // eight rows of nb blocks and out nb transposed blocks (asserted above).
-        unsafe { avx512::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
+        // nb blocks of eight rows and out nb transposed blocks (asserted above).
+        unsafe { avx512::mx_transpose8(g.as_ptr(), nb, out.as_mut_ptr()) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && super::qdot::avx2::available() {
-        let (nb, row) = mx_transpose_sizes(g, k, out);
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds eight rows of nb blocks
+        let nb = mx_transpose_sizes(g, k, out);
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds nb blocks of eight rows
         // and out nb transposed blocks (asserted by `mx_transpose_sizes`).
-        unsafe { avx2::mx_transpose8(g.as_ptr(), row, nb, out.as_mut_ptr()) };
+        unsafe { avx2::mx_transpose8(g.as_ptr(), nb, out.as_mut_ptr()) };
         return;
     }
     let _ = isa;
@@ -437,19 +446,20 @@ pub fn mx_transpose8_on(isa: Isa, g: &[u8], k: usize, out: &mut [u8]) {
 /// [`mx_transpose8`] in scalar code: the definition of its layout (public for the tests,
 /// which check the SIMD version against it).
 pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
-    let (nb, row) = mx_transpose_sizes(g, k, out);
+    let nb = mx_transpose_sizes(g, k, out);
     for b in 0..nb {
         let o = &mut out[b * MX_TBLOCK..(b + 1) * MX_TBLOCK];
+        let blk = &g[b * MX_GBLOCK..(b + 1) * MX_GBLOCK];
         for r in 0..8 {
-            let wb = &g[r * row + b * MX_BLOCK..r * row + (b + 1) * MX_BLOCK];
+            let qs = &blk[8 + 16 * r..24 + 16 * r];
             // element j < 16 is byte j's low nibble, element j + 16 its high nibble
             let v: [i8; 32] = std::array::from_fn(|j| {
-                let q = wb[1 + j % 16];
+                let q = qs[j % 16];
                 KVALUES_FP4[if j < 16 { q & 15 } else { q >> 4 } as usize]
             });
             let n = -128 * v.iter().map(|&a| a as i32).sum::<i32>();
             for lane in [2 * r, 2 * r + 1] {
-                o[4 * lane..4 * lane + 4].copy_from_slice(&e8m0_half(wb[0]).to_le_bytes());
+                o[4 * lane..4 * lane + 4].copy_from_slice(&e8m0_half(blk[r]).to_le_bytes());
                 o[64 + 4 * lane..68 + 4 * lane].copy_from_slice(&n.to_le_bytes());
                 for s in 0..8 {
                     let at = 128 + 64 * s + 4 * lane;
@@ -460,24 +470,6 @@ pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
             }
         }
     }
-}
-
-/// Block `b` of eight mxfp4 rows, with a prefetch `qgemv_0::PREFETCH` bytes ahead in each row
-/// on even blocks (the eight-row mat-vec kernels read eight long runs).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn mx_blocks(rows: [*const u8; 8], b: usize) -> [*const u8; 8] {
-    let blk = rows.map(|r| r.wrapping_add(b * MX_BLOCK));
-    if b.is_multiple_of(2) {
-        for &r in &blk {
-            let p = r.wrapping_add(super::qgemv_0::PREFETCH);
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-            };
-        }
-    }
-    blk
 }
 
 /// mxfp4's codebook + 12 and + 128 (unsigned), for the mat-vec kernels' `vpshufb`.
@@ -751,25 +743,21 @@ mod avx512 {
         out
     }
 
-    /// ggml's repack arithmetic for eight plain mxfp4 rows (anywhere) against one
-    /// q8_0 column (mat-vec): per block rows 0-3 and 4-7 in two vectors (row r's 16 bytes in
-    /// 128-bit lane r % 4), their nibbles mapped to the codebook's values + 128 (unsigned), two
-    /// `vpdpbusd` a vector (low nibbles with activations 0-15, high ones with 16-31), the four
-    /// lanes of each row summed exactly (two permutes, an add, a shift, an add, a narrowing)
-    /// into the row's block integer less 128·Σy (from `sums`), then one conversion and one FMA
-    /// with the rounded product of the scales for the eight rows.
+    /// ggml's repack arithmetic for one interleaved group of eight mxfp4 rows against one
+    /// q8_0 column (mat-vec): per block rows 0-3 and 4-7 in two vectors (one 64-byte load
+    /// each, row r's 16 bytes in 128-bit lane r % 4), their nibbles mapped to the codebook's
+    /// values + 128 (unsigned), two `vpdpbusd` a vector (low nibbles with activations 0-15,
+    /// high ones with 16-31), the four lanes of each row summed exactly (two permutes, an
+    /// add, a shift, an add, a narrowing) into the row's block integer less 128·Σy (from
+    /// `sums`), then one conversion and one FMA with the rounded product of the scales (the
+    /// eight exponents one 8-byte load).
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `nb` 17-byte blocks at
-    /// every `rows[r]`, `nb` q8_0 blocks at `x` and their `super::mx_gemv_sums` at `sums`.
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2, FMA and F16C; `nb` blocks of the group at
+    /// `g`, `nb` q8_0 blocks at `x` and their `super::mx_gemv_sums` at `sums`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn mxfp4_gemv8(
-        rows: [*const u8; 8],
-        x: *const u8,
-        sums: *const u8,
-        nb: usize,
-    ) -> [f32; 8] {
-        // SAFETY: every load lies inside the rows, the activation blocks and their sums
+    pub unsafe fn mxfp4_gemv8(g: *const u8, x: *const u8, sums: *const u8, nb: usize) -> [f32; 8] {
+        // SAFETY: every load lies inside the group, the activation blocks and their sums
         // (caller); the target features above; prefetches never fault.
         unsafe {
             let book = _mm512_broadcast_i32x4(_mm_loadu_si128(
@@ -781,16 +769,12 @@ mod avx512 {
             let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
             let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
-                let blk = super::mx_blocks(rows, b);
+                let gb = g.add(b * super::MX_GBLOCK);
                 let xb = x.add(b * QBLOCK);
                 let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(2) as *const __m128i));
                 let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xb.add(18) as *const __m128i));
                 let dots: [__m512i; 2] = std::array::from_fn(|h| {
-                    let q = |r: usize| _mm_loadu_si128(blk[4 * h + r].add(1) as *const __m128i);
-                    let z = _mm512_castsi128_si512(q(0));
-                    let z = _mm512_inserti32x4::<1>(z, q(1));
-                    let z = _mm512_inserti32x4::<2>(z, q(2));
-                    let z = _mm512_inserti32x4::<3>(z, q(3));
+                    let z = _mm512_loadu_si512(gb.add(8 + 64 * h) as *const _);
                     let lo = _mm512_shuffle_epi8(book, _mm512_and_si512(z, m4));
                     let hi =
                         _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4));
@@ -803,7 +787,9 @@ mod avx512 {
                 let p = _mm512_add_epi32(p, _mm512_srli_epi64::<32>(p));
                 let (dx, sy) = super::block_sums(sums, b);
                 let isum = _mm256_sub_epi32(_mm512_cvtepi64_epi32(p), _mm256_set1_epi32(sy << 7));
-                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64(gb as *const __m128i),
+                ));
                 acc = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(isum),
                     _mm256_mul_ps(e, _mm256_set1_ps(dx)),
@@ -822,11 +808,11 @@ mod avx512 {
     /// values' sums by `vpdpbusd` with ones, the scales as `super::super::qgemv_0::e8m0_half8`.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C; eight rows of `nb` 17-byte blocks
-    /// at `g`, `row` bytes apart; `nb * MX_TBLOCK` writable bytes at `out`.
+    /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C; `nb` blocks of an interleaved
+    /// group of eight rows at `g`; `nb * MX_TBLOCK` writable bytes at `out`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn mx_transpose8(g: *const u8, row: usize, nb: usize, out: *mut u8) {
-        // SAFETY: every load lies inside the rows, every store inside out (caller); the
+    pub unsafe fn mx_transpose8(g: *const u8, nb: usize, out: *mut u8) {
+        // SAFETY: every load lies inside the group, every store inside out (caller); the
         // target features above.
         unsafe {
             let book = _mm512_broadcast_i32x4(_mm_loadu_si128(
@@ -857,15 +843,9 @@ mod avx512 {
                 )
             });
             for b in 0..nb {
-                let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
-                let quads = |h: usize| {
-                    let q = |r: usize| _mm_loadu_si128(blk[4 * h + r].add(1) as *const __m128i);
-                    let v = _mm512_castsi128_si512(q(0));
-                    let v = _mm512_inserti32x4::<1>(v, q(1));
-                    let v = _mm512_inserti32x4::<2>(v, q(2));
-                    _mm512_inserti32x4::<3>(v, q(3))
-                };
+                let gb = g.add(b * super::MX_GBLOCK);
+                // rows 4h..4h + 4, row r's 16 bytes in 128-bit lane r % 4
+                let quads = |h: usize| _mm512_loadu_si512(gb.add(8 + 64 * h) as *const _);
                 let (a, c) = (quads(0), quads(1));
                 let lo = |v: __m512i| _mm512_shuffle_epi8(book, _mm512_and_si512(v, m4));
                 let hi = |v: __m512i| {
@@ -882,7 +862,9 @@ mod avx512 {
                 }
                 let n = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
                 _mm512_storeu_si512(o.add(64) as *mut _, n);
-                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64(gb as *const __m128i),
+                ));
                 let e = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(e));
                 _mm512_storeu_ps(o as *mut f32, e);
             }
@@ -1023,122 +1005,42 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// See `super::mxfp4_rows8`: eight plain mxfp4 rows (`row` bytes apart) against `C` q8_0
-    /// activation rows, ggml's repack arithmetic; `out[c][r]`. Per block each row's 32 values
-    /// are unpacked once for the `C` columns.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; eight rows of `nb` 17-byte blocks at `g`, `row` bytes
-    /// apart, and `nb` q8_0 blocks at every `x`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mxfp4_rows8<const C: usize>(
-        g: *const u8,
-        row: usize,
-        x: [*const u8; C],
-        nb: usize,
-    ) -> [[f32; 8]; C] {
-        // SAFETY: every load lies inside the rows and activation blocks (caller).
-        unsafe {
-            let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                super::KVALUES_FP4.as_ptr() as *const __m128i
-            ));
-            let m4 = _mm_set1_epi8(15);
-            let ones = _mm256_set1_epi16(1);
-            let mut acc = [_mm256_setzero_ps(); C];
-            for b in 0..nb {
-                let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
-                // each row's 32 values: elements 0-15 from the low nibbles, 16-31 from the
-                // high ones
-                let mut v = [_mm256_setzero_si256(); 8];
-                for (v, &w) in v.iter_mut().zip(&blk) {
-                    let q = _mm_loadu_si128(w.add(1) as *const __m128i);
-                    let codes = _mm256_set_m128i(
-                        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
-                        _mm_and_si128(q, m4),
-                    );
-                    *v = _mm256_shuffle_epi8(lut, codes);
-                }
-                let sw = super::super::qgemv_0::e8m0_half8(&blk);
-                for (acc, &x) in acc.iter_mut().zip(&x) {
-                    let xb = x.add(b * super::QBLOCK);
-                    let y = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                    // |y| (unsigned, so −128 too) times the values with y's signs (|v| ≤ 12):
-                    // exact pair sums, then eight dword sums of four per row
-                    let ya = _mm256_sign_epi8(y, y);
-                    let mut p = [_mm256_setzero_si256(); 8];
-                    for (p, &v) in p.iter_mut().zip(&v) {
-                        let prod = _mm256_maddubs_epi16(ya, _mm256_sign_epi8(v, y));
-                        *p = _mm256_madd_epi16(prod, ones);
-                    }
-                    // the eight rows' block sums in lanes 0-7 (exact integer additions)
-                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
-                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
-                    let h45 = _mm256_hadd_epi32(p[4], p[5]);
-                    let h67 = _mm256_hadd_epi32(p[6], p[7]);
-                    let lo = _mm256_hadd_epi32(h01, h23);
-                    let hi = _mm256_hadd_epi32(h45, h67);
-                    let isum = _mm256_add_epi32(
-                        _mm256_permute2x128_si256::<0x20>(lo, hi),
-                        _mm256_permute2x128_si256::<0x31>(lo, hi),
-                    );
-                    let dx = _mm256_cvtph_ps(_mm_set1_epi16((xb as *const i16).read_unaligned()));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sw, dx), *acc);
-                }
-            }
-            let mut out = [[0f32; 8]; C];
-            for (o, a) in out.iter_mut().zip(&acc) {
-                _mm256_storeu_ps(o.as_mut_ptr(), *a);
-            }
-            out
-        }
-    }
-
     use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
 
-    /// ggml's repack arithmetic for eight plain mxfp4 rows (anywhere) against one q8_0
-    /// column on AVX2: per block rows 2j and 2j + 1 in one vector (their 16 nibble bytes in
-    /// the two 128-bit lanes), mapped to the codebook's values + 12 (unsigned, at most 24);
-    /// `vpmaddubsw` with the activations (low nibbles with 0-15, high ones with 16-31: each
-    /// i16 at most 2·24·128, the two added at most 12,288), `vphaddw` of two such vectors
-    /// (at most 24,576, still exact), `vpmaddwd` by ones and one `vphaddd` to each row's
-    /// integer in the order 0 2 4 6 | 1 3 5 7, less 12·Σy (from `sums`), then one conversion
-    /// and FMA with the rounded product of the scales.
+    /// ggml's repack arithmetic for one interleaved group of eight mxfp4 rows against one
+    /// q8_0 column on AVX2: per block rows 2j and 2j + 1 in one vector (one 32-byte load:
+    /// their 16 nibble bytes in the two 128-bit lanes), mapped to the codebook's values + 12
+    /// (unsigned, at most 24); `vpmaddubsw` with the activations (low nibbles with 0-15, high
+    /// ones with 16-31: each i16 at most 2·24·128, the two added at most 12,288), `vphaddw`
+    /// of two such vectors (at most 24,576, still exact), `vpmaddwd` by ones and one
+    /// `vphaddd` to each row's integer in the order 0 2 4 6 | 1 3 5 7, less 12·Σy (from
+    /// `sums`), then one conversion and FMA with the rounded product of the scales (the
+    /// eight exponents one 8-byte load, put in that order by one `vpshufb`).
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `nb` 17-byte blocks at every `rows[r]`, `nb` q8_0
-    /// blocks at `x` and their `super::mx_gemv_sums` at `sums`.
+    /// The CPU has AVX2, FMA and F16C; `nb` blocks of the group at `g`, `nb` q8_0 blocks at
+    /// `x` and their `super::mx_gemv_sums` at `sums`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mxfp4_gemv8(
-        rows: [*const u8; 8],
-        x: *const u8,
-        sums: *const u8,
-        nb: usize,
-    ) -> [f32; 8] {
-        // SAFETY: every load lies inside the rows, the activation blocks and their sums
-        // (caller); the target features above; prefetches never fault.
+    pub unsafe fn mxfp4_gemv8(g: *const u8, x: *const u8, sums: *const u8, nb: usize) -> [f32; 8] {
+        // SAFETY: every load lies inside the group, the activation blocks and their sums
+        // (caller); the target features above.
         unsafe {
             let book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
                 super::MX_BOOK_12.as_ptr() as *const __m128i
             ));
             let m4 = _mm256_set1_epi8(15);
             let ones = _mm256_set1_epi16(1);
-            // the rows in the reduction's order, for their scales
-            let order: [*const u8; 8] = [0, 2, 4, 6, 1, 3, 5, 7].map(|r| rows[r]);
+            // the exponents in the reduction's order
+            let order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, -1, -1, -1, -1, -1, -1, -1, -1);
             let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
-                let blk = super::mx_blocks(rows, b);
+                let gb = g.add(b * super::MX_GBLOCK);
                 let xb = x.add(b * QBLOCK);
                 let ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(2) as *const __m128i));
                 let yhi =
                     _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(18) as *const __m128i));
                 let pair = |j: usize| {
-                    let q = _mm256_inserti128_si256::<1>(
-                        _mm256_castsi128_si256(
-                            _mm_loadu_si128(blk[2 * j].add(1) as *const __m128i),
-                        ),
-                        _mm_loadu_si128(blk[2 * j + 1].add(1) as *const __m128i),
-                    );
+                    let q = _mm256_loadu_si256(gb.add(8 + 32 * j) as *const __m256i);
                     let lo = _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4));
                     let hi =
                         _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
@@ -1150,9 +1052,9 @@ mod avx2 {
                 );
                 let (dx, sy) = super::block_sums(sums, b);
                 let isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(12 * sy));
-                let e = super::super::qgemv_0::e8m0_half8(
-                    &order.map(|r| r.wrapping_add(b * super::MX_BLOCK)),
-                );
+                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
+                    _mm_shuffle_epi8(_mm_loadl_epi64(gb as *const __m128i), order),
+                ));
                 acc = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(isum),
                     _mm256_mul_ps(e, _mm256_set1_ps(dx)),
@@ -1176,11 +1078,11 @@ mod avx2 {
     /// `super::super::qgemv_0::e8m0_half8`.
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; eight rows of `nb` 17-byte blocks at `g`, `row` bytes
-    /// apart; `nb * MX_TBLOCK` writable bytes at `out`.
+    /// The CPU has AVX2, FMA and F16C; `nb` blocks of an interleaved group of eight rows at
+    /// `g`; `nb * MX_TBLOCK` writable bytes at `out`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mx_transpose8(g: *const u8, row: usize, nb: usize, out: *mut u8) {
-        // SAFETY: every load lies inside the rows, every store inside out (caller); the
+    pub unsafe fn mx_transpose8(g: *const u8, nb: usize, out: *mut u8) {
+        // SAFETY: every load lies inside the group, every store inside out (caller); the
         // target features above.
         unsafe {
             let book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
@@ -1190,22 +1092,18 @@ mod avx2 {
             let ones8 = _mm256_set1_epi8(1);
             let ones16 = _mm256_set1_epi16(1);
             for b in 0..nb {
-                let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| g.add(r * row + b * super::MX_BLOCK));
+                let gb = g.add(b * super::MX_GBLOCK);
                 let o = out.add(b * super::MX_TBLOCK);
-                // [lo, hi][pair j]: rows 2j, 2j + 1
-                let mut v = [[_mm256_setzero_si256(); 4]; 2];
-                for j in 0..4 {
-                    let q = _mm256_inserti128_si256::<1>(
-                        _mm256_castsi128_si256(
-                            _mm_loadu_si128(blk[2 * j].add(1) as *const __m128i),
-                        ),
-                        _mm_loadu_si128(blk[2 * j + 1].add(1) as *const __m128i),
-                    );
-                    v[0][j] = _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4));
-                    v[1][j] =
-                        _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                }
+                // [lo, hi][pair j]: rows 2j, 2j + 1 (one 32-byte load)
+                let q: [__m256i; 4] = std::array::from_fn(|j| {
+                    _mm256_loadu_si256(gb.add(8 + 32 * j) as *const __m256i)
+                });
+                let v = [
+                    q.map(|q| _mm256_shuffle_epi8(book, _mm256_and_si256(q, m4))),
+                    q.map(|q| {
+                        _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
+                    }),
+                ];
                 for half in 0..2 {
                     let mut sum = _mm256_setzero_si256();
                     for s in 0..8 {
@@ -1223,7 +1121,9 @@ mod avx2 {
                     let n = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sum));
                     _mm256_storeu_si256(o.add(64 + 32 * half) as *mut __m256i, n);
                 }
-                let e = super::super::qgemv_0::e8m0_half8(&blk);
+                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64(gb as *const __m128i),
+                ));
                 let lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
                 let hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
                 _mm256_storeu_ps(o as *mut f32, _mm256_permutevar8x32_ps(e, lo));
