@@ -342,7 +342,8 @@ const LOGIT_CASES: [LogitCase; 3] = [
 /// for AVX2 without AVX-512 and AMX (as in `EXPECTED`), flash attention on, f16 KV cache,
 /// with its default CPU_REPACK buffer and with `use_extra_bufts = false`; one and two threads
 /// gave the same bits. Tessera must give each run's every bit, with and without `--repack`'s
-/// layout, at one and two threads.
+/// layout, at one and two threads; the no-repack bits with the plain rows and with the q4_0
+/// and mxfp4 matrices interleaved (`RowLayout::Interleaved8`, which only moves bytes).
 #[test]
 fn repack_gives_llama_cpps_default_logits() {
     let Some(model) = tessera_llm::fetch::model_for_tests() else {
@@ -378,10 +379,23 @@ fn repack_gives_llama_cpps_default_logits() {
             "{}: not the file llama.cpp's logits were taken from",
             case.ftype
         );
-        for (repack, (want_steps, want_long)) in [(false, case.no_repack), (true, case.repack)] {
+        for (repack, interleave, (want_steps, want_long)) in [
+            (false, false, case.no_repack),
+            (false, true, case.no_repack),
+            (true, false, case.repack),
+        ] {
             let mut m = tessera_llm::Model::load(&q).unwrap();
             if repack {
                 m = m.with_repacked_rows().unwrap();
+            }
+            if interleave {
+                m = m.with_interleaved_rows_where(|_| true).unwrap();
+                assert_eq!(
+                    m.interleaved_bytes() > 0,
+                    case.ftype != "Q4_K",
+                    "{}: interleaved copies",
+                    case.ftype
+                );
             }
             let m = std::sync::Arc::new(m);
             for threads in [1, 2] {
@@ -405,8 +419,8 @@ fn repack_gives_llama_cpps_default_logits() {
                 }
                 assert_eq!(
                     h, want_steps,
-                    "{}: repack {repack}, {threads} threads: the logits of the 4-token prompt \
-                     and 8 steps are not llama.cpp's",
+                    "{}: repack {repack}, interleave {interleave}, {threads} threads: the \
+                     logits of the 4-token prompt and 8 steps are not llama.cpp's",
                     case.ftype
                 );
                 let mut ctx = tessera_llm::Context::new(std::sync::Arc::clone(&m), params).unwrap();
@@ -414,8 +428,8 @@ fn repack_gives_llama_cpps_default_logits() {
                 assert_eq!(
                     hash(0xcbf2_9ce4_8422_2325, &logits),
                     want_long,
-                    "{}: repack {repack}, {threads} threads: the logits of the 45-token prompt \
-                     are not llama.cpp's",
+                    "{}: repack {repack}, interleave {interleave}, {threads} threads: the \
+                     logits of the 45-token prompt are not llama.cpp's",
                     case.ftype
                 );
             }

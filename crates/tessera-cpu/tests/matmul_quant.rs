@@ -300,7 +300,13 @@ fn product_with_layout(
 fn interleaved_weights_give_the_plain_bits() {
     use tessera::RowLayout::{Interleaved8, Plain};
     let mut rng = Rng::new(29);
-    for t in [DType::Q4_0, DType::Q4_1, DType::IQ4NL, DType::IQ4XS] {
+    for t in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::IQ4NL,
+        DType::MXFP4,
+        DType::IQ4XS,
+    ] {
         let shapes: &[(usize, usize, usize)] = if t == DType::IQ4XS {
             // whole 256-element superblocks
             &[
@@ -403,7 +409,7 @@ fn interleaved_weights_refuse_other_readers() {
     assert!(e.contains("12 rows"), "{e}");
     let a = g.new_tensor(DType::Q8_0, &[64, 16]).unwrap();
     let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
-    assert!(e.contains("q4_0, q4_1, iq4_nl and iq4_xs"), "{e}");
+    assert!(e.contains("q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs"), "{e}");
     let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
     g.set_layout(a, Interleaved8).unwrap();
     let e = g.set_param(a).unwrap_err().to_string();

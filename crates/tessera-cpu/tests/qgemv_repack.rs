@@ -612,7 +612,7 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
 }
 
 /// Eight plain mxfp4 rows of `k` weights as the repack layout holds them (interleaved with a
-/// one-byte head, `tessera::layout::group_head`).
+/// one-byte head, `tessera::layout::interleave_head`).
 fn mx_group(plain: &[u8], k: usize) -> Vec<u8> {
     let row = DType::MXFP4.row_size(k).unwrap();
     let mut g = vec![0u8; plain.len()];

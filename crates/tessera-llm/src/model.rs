@@ -266,7 +266,7 @@ impl Model {
     /// arithmetic of ggml's repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the
     /// results of llama.cpp's default on x86 rather than of its `--no-repack`, which is what
     /// the plain rows give. The q4_0, iq4_nl and mxfp4 ones are copied into interleaved rows
-    /// (`tessera::layout::group_head`; a tied output matrix too, while the embedding lookups
+    /// (`tessera::layout::interleave8`; a tied output matrix too, while the embedding lookups
     /// read the mapped table), as ggml copies them into its repack buffer; the q4_K ones stay
     /// mapped. Other weights are as before (interleaved q4_1 too, if chosen).
     pub fn with_repacked_rows(self) -> Result<Model> {

@@ -4,9 +4,10 @@
 //! [`RowLayout::Interleaved8`] is this crate's own layout (not a GGUF one; files and the
 //! reference always see ggml's rows): the rows go in groups of eight consecutive rows, and a
 //! group holds, for each block position `i` in turn, the eight rows' block heads (the scale
-//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`, iq4_xs's `d`, `scales_h` and
-//! `scales_l`), row 0's first, then the eight rows' quants 16 bytes at a time: each row's
-//! first 16 bytes, row 0's first, then each row's next 16 (q4_0, q4_1 and iq4_nl have 16;
+//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`, mxfp4's exponent byte,
+//! iq4_xs's `d`, `scales_h` and `scales_l`), row 0's first, then the eight rows' quants 16
+//! bytes at a time: each row's first 16 bytes, row 0's first, then each row's next 16 (q4_0,
+//! q4_1, iq4_nl and mxfp4 have 16;
 //! iq4_xs 128, one run of eight rows' 16 bytes per 32-element sub-block). So a group's block
 //! `i` is one run of `8 × block bytes` (144 for q4_0, 1088 for iq4_xs), the eight scales in
 //! one load and four rows' quants in one 64-byte load, and the eight rows stream from memory
@@ -28,8 +29,7 @@
 //! activations' f16 scale is rounded (it can be subnormal) before the multiply-add, as in
 //! ggml; their bytes are interleaved as above with a one-byte head (per block the eight
 //! exponents, then the eight rows' 16 bytes of nibbles: 136 bytes, ggml's `block_mxfp4x8`
-//! in a simpler order), which only the repack arithmetic reads ([`group_head`]; there is
-//! no `Interleaved8` mxfp4). q4_K rows take it too (ggml repacks them on x86 as well), on their plain
+//! in a simpler order), as in [`RowLayout::Interleaved8`] mxfp4. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
 //! bytes, so the weights stay mapped (the mat-mat kernel rearranges each group of eight rows
 //! on the way). Its rounding depends on the column: ggml's four-column kernel adds one FMA
 //! per 64 weights, its one-column kernel one per 256 (see `qgemv_repack_k` in `tessera-cpu`).
@@ -51,9 +51,9 @@ pub enum RowLayout {
     Plain,
     /// Groups of eight rows interleaved block by block (see the module's documentation).
     Interleaved8,
-    /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl; mxfp4 with its one-byte
-    /// head) or the plain rows (q4_K), multiplied with the arithmetic of ggml's CPU repack
-    /// buffer (see the module's documentation).
+    /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl, mxfp4) or the plain rows
+    /// (q4_K), multiplied with the arithmetic of ggml's CPU repack buffer (see the module's
+    /// documentation).
     Repacked8,
 }
 
@@ -69,17 +69,7 @@ pub fn reorders(layout: RowLayout, t: DType) -> bool {
     match layout {
         RowLayout::Plain => false,
         RowLayout::Interleaved8 => true,
-        RowLayout::Repacked8 => group_head(t).is_some(),
-    }
-}
-
-/// Bytes at the start of each block of `t` that [`interleave8`] keeps together: those of
-/// [`interleave_head`], and mxfp4's exponent byte (its rows are interleaved for
-/// [`RowLayout::Repacked8`] only).
-pub fn group_head(t: DType) -> Option<usize> {
-    match t {
-        DType::MXFP4 => Some(1),
-        _ => interleave_head(t),
+        RowLayout::Repacked8 => interleave_head(t).is_some(),
     }
 }
 
@@ -87,6 +77,7 @@ pub fn group_head(t: DType) -> Option<usize> {
 /// (its scale fields); `None` for types that cannot be interleaved.
 pub fn interleave_head(t: DType) -> Option<usize> {
     match t {
+        DType::MXFP4 => Some(1),
         DType::Q4_0 | DType::IQ4NL => Some(2),
         DType::Q4_1 => Some(4),
         DType::IQ4XS => Some(8),
@@ -95,7 +86,7 @@ pub fn interleave_head(t: DType) -> Option<usize> {
 }
 
 fn geometry(t: DType, row_bytes: usize, len: usize) -> Result<(usize, usize, usize)> {
-    let head = group_head(t)
+    let head = interleave_head(t)
         .ok_or_else(|| Error::Invalid(format!("interleave8: {t} has no interleaved layout")))?;
     let block = t.type_size();
     if row_bytes == 0 || !row_bytes.is_multiple_of(block) || !len.is_multiple_of(8 * row_bytes) {
@@ -190,7 +181,7 @@ mod tests {
             (DType::MXFP4, 3),
         ] {
             let block = t.type_size();
-            let head = group_head(t).unwrap();
+            let head = interleave_head(t).unwrap();
             let row = nb * block;
             let plain: Vec<u8> = (0..16 * row).map(|i| (i * 7 + i / 251) as u8).collect();
             let mut packed = vec![0u8; plain.len()];

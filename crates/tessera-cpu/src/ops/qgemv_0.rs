@@ -140,6 +140,9 @@ pub unsafe fn vec_dot8_interleaved(t: DType, g: &[u8], x: &[u8], k: usize) -> [f
             DType::IQ4NL => {
                 offset_rows::<true, false, _>(Interleaved::<18, 2>(p, pf), x.as_ptr(), nb)
             }
+            DType::MXFP4 => {
+                offset_rows::<true, true, _>(Interleaved::<17, 1>(p, pf), x.as_ptr(), nb)
+            }
             DType::Q4_1 => q4_1_rows(Interleaved::<20, 4>(p, pf), x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsGroup(p, pf), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsGroup(p, pf), x.as_ptr(), k / 256),
@@ -386,14 +389,22 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
     }
     #[inline(always)]
     unsafe fn d8(self, i: usize) -> __m256 {
-        // (q4_0 and iq4_nl: the whole head is d; q4_1 takes its d m pairs through `dm8`)
-        const { assert!(HEAD == 2) };
+        // (q4_0 and iq4_nl: the whole head is d; q4_1 takes its d m pairs through `dm8`,
+        // mxfp4 its exponents through `e8m0_8`)
+        debug_assert!(HEAD == 2);
         // SAFETY: block i of the group exists (caller): its eight heads first.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(i * 8 * BLOCK) as *const __m128i)) }
     }
     #[inline(always)]
-    unsafe fn e8m0_8(self, _: usize) -> __m256 {
-        unreachable!("mxfp4 has no interleaved layout")
+    unsafe fn e8m0_8(self, i: usize) -> __m256 {
+        // (mxfp4: the whole head is the exponent byte)
+        debug_assert!(HEAD == 1);
+        // SAFETY: as for `d8`: the eight exponents are the block's first eight bytes.
+        unsafe {
+            e8m0_half_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                self.0.add(i * 8 * BLOCK) as *const __m128i,
+            )))
+        }
     }
     #[inline(always)]
     unsafe fn dm8(self, i: usize) -> __m512 {

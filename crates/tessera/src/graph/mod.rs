@@ -184,7 +184,7 @@ impl Graph {
     }
 
     /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
-    /// takes a contiguous q4_0, q4_1 or iq4_nl leaf with a multiple of eight rows that is not
+    /// takes a contiguous q4_0, q4_1, iq4_nl, mxfp4 or iq4_xs leaf with a multiple of eight rows that is not
     /// a param (the repacked one q4_0, iq4_nl, q4_K or mxfp4); planning then checks that only
     /// `mul_mat` reads it, as its first operand.
     pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
@@ -200,7 +200,9 @@ impl Graph {
             } else if layout == RowLayout::Interleaved8
                 && crate::layout::interleave_head(t.dtype).is_none()
             {
-                Some("only q4_0, q4_1, iq4_nl and iq4_xs rows can be interleaved".to_string())
+                Some(
+                    "only q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs rows can be interleaved".to_string(),
+                )
             } else if !t.is_contiguous() {
                 Some("it is not contiguous".to_string())
             } else if !t.nrows().is_multiple_of(8) || !t.ne[1].is_multiple_of(8) {
