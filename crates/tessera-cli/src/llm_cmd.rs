@@ -40,12 +40,12 @@ pub struct ModelArgs {
     #[arg(long = "lora-scale", default_value_t = 1.0)]
     pub lora_scale: f32,
     /// Keep every weight mapped from the file in ggml's layout. By default, on AMD CPUs with
-    /// AVX-512 VNNI, q4_0, q4_1 and iq4_nl weights are copied once into rows interleaved by
-    /// eight, which their mat-vec streams faster there (see the README).
+    /// AVX-512 VNNI, q4_0, q4_1, iq4_nl and mxfp4 weights are copied once into rows
+    /// interleaved by eight, which their mat-vec streams faster there (see the README).
     #[arg(long = "no-interleave", conflicts_with = "interleave")]
     pub no_interleave: bool,
-    /// Interleave q4_0, q4_1, iq4_nl and iq4_xs weights by eight rows on any CPU with AVX-512
-    /// VNNI, not only on AMD's (and iq4_xs on AMD too: on an Intel Ice Lake core, and for
+    /// Interleave q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs weights by eight rows on any CPU with
+    /// AVX-512 VNNI, not only on AMD's (and iq4_xs on AMD too: on an Intel Ice Lake core, and for
     /// iq4_xs on Zen 4, it made matrices in cache faster but decoding or the mat-vec from
     /// memory no faster; see the README).
     #[arg(long = "interleave")]
