@@ -182,6 +182,13 @@ pub(crate) unsafe fn e8m0_half8(p: &[*const u8; 8]) -> __m256 {
     }
 }
 
+/// [`e8m0_half8`] of the eight exponent bytes at `p` (an interleaved mxfp4 block's head).
+#[inline(always)]
+pub(crate) unsafe fn e8m0_half_at(p: *const u8) -> __m256 {
+    // SAFETY: eight readable bytes at p (caller).
+    unsafe { e8m0_half_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+}
+
 /// [`e8m0_half8`] of eight exponents already in the i32 lanes of `e` (each 0..=255).
 #[inline(always)]
 pub(crate) unsafe fn e8m0_half_lanes(e: __m256i) -> __m256 {
@@ -400,11 +407,7 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
         // (mxfp4: the whole head is the exponent byte)
         debug_assert!(HEAD == 1);
         // SAFETY: as for `d8`: the eight exponents are the block's first eight bytes.
-        unsafe {
-            e8m0_half_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                self.0.add(i * 8 * BLOCK) as *const __m128i,
-            )))
-        }
+        unsafe { e8m0_half_at(self.0.add(i * 8 * BLOCK)) }
     }
     #[inline(always)]
     unsafe fn dm8(self, i: usize) -> __m512 {

@@ -787,9 +787,7 @@ mod avx512 {
                 let p = _mm512_add_epi32(p, _mm512_srli_epi64::<32>(p));
                 let (dx, sy) = super::block_sums(sums, b);
                 let isum = _mm256_sub_epi32(_mm512_cvtepi64_epi32(p), _mm256_set1_epi32(sy << 7));
-                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(gb as *const __m128i),
-                ));
+                let e = super::super::qgemv_0::e8m0_half_at(gb);
                 acc = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(isum),
                     _mm256_mul_ps(e, _mm256_set1_ps(dx)),
@@ -805,7 +803,7 @@ mod avx512 {
     /// [`super::mx_transpose8`] on AVX-512: per block rows 0-3 and 4-7 in two vectors (row
     /// r's 16 bytes in 128-bit lane r % 4), their nibbles mapped to the codebook's values, one
     /// two-source permute a step to put each row's four values in lanes 2r and 2r + 1, the
-    /// values' sums by `vpdpbusd` with ones, the scales as `super::super::qgemv_0::e8m0_half8`.
+    /// values' sums by `vpdpbusd` with ones, the scales as `super::super::qgemv_0::e8m0_half_at`.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C; `nb` blocks of an interleaved
@@ -862,9 +860,7 @@ mod avx512 {
                 }
                 let n = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
                 _mm512_storeu_si512(o.add(64) as *mut _, n);
-                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(gb as *const __m128i),
-                ));
+                let e = super::super::qgemv_0::e8m0_half_at(gb);
                 let e = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(e));
                 _mm512_storeu_ps(o as *mut f32, e);
             }
@@ -1075,7 +1071,7 @@ mod avx2 {
     /// bytes in the two 128-bit lanes), their nibbles mapped to the codebook's values; each
     /// 32-byte half of a step from two such vectors by two permutes and a blend; the rows'
     /// sums by `vpmaddubsw` with ones (every i16 at most 8·2·12), the scales as
-    /// `super::super::qgemv_0::e8m0_half8`.
+    /// `super::super::qgemv_0::e8m0_half_at`.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `nb` blocks of an interleaved group of eight rows at
@@ -1121,9 +1117,7 @@ mod avx2 {
                     let n = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sum));
                     _mm256_storeu_si256(o.add(64 + 32 * half) as *mut __m256i, n);
                 }
-                let e = super::super::qgemv_0::e8m0_half_lanes(_mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(gb as *const __m128i),
-                ));
+                let e = super::super::qgemv_0::e8m0_half_at(gb);
                 let lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
                 let hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
                 _mm256_storeu_ps(o as *mut f32, _mm256_permutevar8x32_ps(e, lo));
