@@ -25,8 +25,8 @@ pub struct Opts {
     /// The quant section's weights with interleaved rows where the type and this CPU have
     /// them (`tessera_cpu::interleaved_kernel`).
     pub interleave: bool,
-    /// The quant section's q4_0, iq4_nl, q4_K and mxfp4 weights with ggml's repack arithmetic
-    /// (`tessera::RowLayout::Repacked8`).
+    /// The quant section's q4_0, iq4_nl, q4_K, mxfp4 and q2_K weights with ggml's repack
+    /// arithmetic (`tessera::RowLayout::Repacked8`).
     pub repack: bool,
     /// The bandwidth section's matrix and buffer size in MiB ([`bandwidth_bytes`] when `None`).
     pub matrix_mib: Option<usize>,
@@ -503,8 +503,8 @@ fn section_quant(o: &Opts) {
     println!(
         "quantized mul_mat: GB/s of weights streamed, GFLOP/s (mat-vec: 1 token; mat-mat: 512 tokens){}",
         match (o.repack, o.interleave) {
-            (true, true) => "; q4_0, iq4_nl, q4_K and mxfp4 with ggml's repack arithmetic, other rows interleaved by eight where the type and this CPU have it",
-            (true, false) => "; q4_0, iq4_nl, q4_K and mxfp4 with ggml's repack arithmetic",
+            (true, true) => "; q4_0, iq4_nl, q4_K, mxfp4 and q2_K with ggml's repack arithmetic, other rows interleaved by eight where the type and this CPU have it",
+            (true, false) => "; q4_0, iq4_nl, q4_K, mxfp4 and q2_K with ggml's repack arithmetic",
             (false, true) => "; rows interleaved by eight where the type and this CPU have it",
             (false, false) => "",
         }

@@ -51,10 +51,10 @@ pub struct ModelArgs {
     #[arg(long = "interleave")]
     pub interleave: bool,
     /// Compute q4_0, iq4_nl, q4_K and mxfp4 weights with the arithmetic of ggml's CPU repack
-    /// buffer, which llama.cpp uses by default on x86: results then equal llama.cpp's default,
-    /// bit for bit, where without it they equal llama.cpp with --no-repack (ggml's plain rows).
-    /// Copies the q4_0 and iq4_nl weights once into interleaved rows (q4_K and mxfp4 stay
-    /// mapped), on any CPU.
+    /// buffer, which llama.cpp uses by default on x86: results then equal llama.cpp's default
+    /// (built for AVX2), bit for bit, where without it they equal llama.cpp with --no-repack
+    /// (ggml's plain rows). Copies the q4_0, iq4_nl and mxfp4 weights once into interleaved
+    /// rows (q4_K stays mapped), on any CPU.
     #[arg(long = "repack", conflicts_with = "no_interleave")]
     pub repack: bool,
 }

@@ -131,9 +131,10 @@ enum Cmd {
         /// --interleave` lays out a model's weights (and `tessera run` does by default on AMD).
         #[arg(long)]
         interleave: bool,
-        /// The quant section's q4_0, iq4_nl, q4_K and mxfp4 weights with the arithmetic of ggml's CPU
-        /// repack buffer (`tessera::RowLayout::Repacked8`), as `tessera run --repack` computes
-        /// them (other types as without it, or as --interleave says).
+        /// The quant section's q4_0, iq4_nl, q4_K, mxfp4 and q2_K weights with the arithmetic
+        /// of ggml's CPU repack buffer (`tessera::RowLayout::Repacked8`), as `tessera run
+        /// --repack` computes them (q2_K: as ggml built with AVX-512 does, which `tessera run
+        /// --repack` does not take; other types as without it, or as --interleave says).
         #[arg(long)]
         repack: bool,
         /// The bandwidth section's matrix and read buffer, in MiB (default: 256, or four times

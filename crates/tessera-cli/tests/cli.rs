@@ -311,7 +311,13 @@ struct LogitCase {
 /// - mxfp4: every matrix mxfp4 (`mxfp4_8x8`), the embedding table too, which llama.cpp also
 ///   loads a second time for the tied output's `mul_mat` and repacks.
 /// - Q4_0 `--pure`: every matrix q4_0 (`q4_0_8x8`), the tied output matrix as above.
-const LOGIT_CASES: [LogitCase; 3] = [
+/// - Q2_K `--pure`: its 30 ffn_down matrices q2_K, the rest q4_0 (rows not a multiple of 256;
+///   `q4_0_8x8`, the tied output matrix too). llama.cpp built for AVX2 keeps q2_K plain (ggml
+///   repacks it only when built with AVX-512), and so does `--repack`
+///   (`tessera_cpu::repacked_by_run`): its logits are the AVX2 build's with the q4_0 matrices
+///   alone repacked. (A build with AVX-512 gave other logits with and without its repack
+///   buffer: its other arithmetic differs too.)
+const LOGIT_CASES: [LogitCase; 4] = [
     LogitCase {
         ftype: "Q4_K",
         pure: true,
@@ -332,6 +338,13 @@ const LOGIT_CASES: [LogitCase; 3] = [
         fingerprint: 0xb127_de69_a83a_b90e,
         no_repack: (0xf071_390d_ff8a_620e, 0x63f6_74e5_83b5_8721),
         repack: (0xacbf_b679_fd88_49a7, 0xb8fd_811a_e1e3_00b8),
+    },
+    LogitCase {
+        ftype: "Q2_K",
+        pure: true,
+        fingerprint: 0xdd7b_8617_e57b_535e,
+        no_repack: (0x8327_559b_fd29_bc32, 0xd3ae_73fe_d21d_e04e),
+        repack: (0x3c3f_de0e_094e_8a96, 0x0f2f_3684_ceeb_9d4c),
     },
 ];
 

@@ -53,6 +53,17 @@ pub fn interleaved_kernel(t: DType) -> bool {
     simd::isa() == simd::Isa::Avx512 && ops::matmul_quant::interleaved_kernel(simd::isa(), t)
 }
 
+/// The weight types that `tessera run --repack` computes with ggml's repack arithmetic
+/// (`tessera::RowLayout::Repacked8`): those that llama.cpp built for AVX2 puts in its CPU
+/// repack buffer (q4_0, iq4_nl, q4_K, mxfp4), since every other result of tessera's is that
+/// build's arithmetic. Not q2_K, whose repack arithmetic tessera has too
+/// (`ops::qgemv_repack_q2k`) but which ggml repacks only when built with AVX-512, a build whose
+/// other numerics differ (its f16 dot products, for one): with it a q2_K model's results would
+/// equal neither build's.
+pub fn repacked_by_run(t: DType) -> bool {
+    tessera::layout::repack_numerics(t) && t != DType::Q2K
+}
+
 /// Whether the model commands interleave weights of type `t` unless told otherwise: where
 /// [`interleaved_kernel`] says so and the layout measured a gain, which is on AMD's AVX-512
 /// cores (Zen 4: tg128 1.13× on one thread; an mxfp4 file's 1.09-1.17×, its mat-vec

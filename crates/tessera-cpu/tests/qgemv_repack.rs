@@ -1,7 +1,8 @@
-//! q4_0, iq4_nl, q4_K and mxfp4 weights with ggml's repack arithmetic (`RowLayout::Repacked8`,
-//! `ops::qgemv_repack`, `ops::qgemv_repack_k`): mul_mat against ggml's own results from its
-//! CPU repack buffer, the kernels against the scalar definitions (q4_K's two roundings on
-//! every path of a product), and the errors for what the layout does not take.
+//! q4_0, iq4_nl, q4_K, mxfp4 and q2_K weights with ggml's repack arithmetic
+//! (`RowLayout::Repacked8`, `ops::qgemv_repack`, `ops::qgemv_repack_k`,
+//! `ops::qgemv_repack_q2k`): mul_mat against ggml's own results from its CPU repack buffer,
+//! the kernels against the scalar definitions (q4_K's and q2_K's two roundings on every path
+//! of a product), and the errors for what the layout does not take.
 
 mod common;
 
@@ -14,6 +15,7 @@ use tessera_cpu::ops::qgemv_repack::{
     vec_dot8_groups4, vec_dot8x4, vec_dot_ref,
 };
 use tessera_cpu::ops::qgemv_repack_k as rk;
+use tessera_cpu::ops::qgemv_repack_q2k as q2;
 use tessera_cpu::simd::Isa;
 
 /// `data/q4_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
@@ -324,9 +326,9 @@ fn the_definition_is_a_dot_product() {
 }
 
 /// What the layout does not take is an error naming the tensor and the reason: q4_1 and q5_K
-/// rows (ggml's repack arithmetic is reproduced for q4_0, iq4_nl, q4_K and mxfp4 only), a row count
-/// that is not whole groups of eight, q4_K rows interleaved (they take the repack arithmetic
-/// on their plain rows only), and a product the kernels do not cover (an f16 second operand),
+/// rows (ggml's repack arithmetic is reproduced for q4_0, iq4_nl, q4_K, mxfp4 and q2_K only),
+/// a row count that is not whole groups of eight, q4_K and q2_K rows interleaved (they take
+/// the repack arithmetic on their plain rows only), and a product the kernels do not cover (an f16 second operand),
 /// which would otherwise run the fallback's other arithmetic.
 #[test]
 fn what_the_layout_does_not_take_is_an_error() {
@@ -339,14 +341,19 @@ fn what_the_layout_does_not_take_is_an_error() {
     assert!(e.contains("q4_1") && e.contains("repack"), "{e}");
     let e = refused(DType::Q5K, [256, 8], RowLayout::Repacked8);
     assert!(e.contains("q5_K") && e.contains("repack"), "{e}");
-    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256)] {
+    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256), (DType::Q2K, 256)] {
         let e = refused(t, [k, 12], RowLayout::Repacked8);
         assert!(e.contains("12 rows"), "{e}");
     }
-    let e = refused(DType::Q4K, [256, 8], RowLayout::Interleaved8);
-    assert!(e.contains("q4_K") && e.contains("interleaved"), "{e}");
+    for t in [DType::Q4K, DType::Q2K] {
+        let e = refused(t, [256, 8], RowLayout::Interleaved8);
+        assert!(
+            e.contains(&t.to_string()) && e.contains("interleaved"),
+            "{e}"
+        );
+    }
 
-    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256)] {
+    for (t, k) in [(DType::Q4_0, 64), (DType::Q4K, 256), (DType::Q2K, 256)] {
         let mut g = Graph::new();
         let a = g.new_tensor(t, &[k, 8]).unwrap();
         let b = g.new_tensor(DType::F16, &[k, 2]).unwrap();
@@ -368,9 +375,16 @@ fn what_the_layout_does_not_take_is_an_error() {
 /// too) and thread count; the plain layout differs from it in many results.
 #[test]
 fn repacked_q4_k_rows_equal_ggml_repack_mul_mat() {
-    let cases = fixture_q4_k();
-    assert!(cases.len() >= 10 && cases.iter().all(|c| c.t == DType::Q4K));
-    for c in &cases {
+    assert_plain_rows_give(&fixture_q4_k(), DType::Q4K, 10, 2);
+}
+
+/// The cases (at least `count`, all of `t`, whose rows stay plain in `Repacked8`): every
+/// result bit for bit as ggml's repack buffer gives it, on every ISA and thread count; what
+/// was set is what is read; and more than `1 / part` of the results differ with the plain
+/// layout.
+fn assert_plain_rows_give(cases: &[QmmCase], t: DType, count: usize, part: usize) {
+    assert!(cases.len() >= count && cases.iter().all(|c| c.t == t));
+    for c in cases {
         assert_every_config_gives(c, "ggml's repack gives");
         // the layout keeps ggml's rows: what was set is what is read
         let mut g = Graph::new();
@@ -380,7 +394,7 @@ fn repacked_q4_k_rows_equal_ggml_repack_mul_mat() {
         s.set_bytes(a, &c.w).unwrap();
         assert_eq!(s.get_bytes(a).unwrap(), c.w);
     }
-    assert_plain_differs(&cases, 2);
+    assert_plain_differs(cases, part);
 }
 
 /// Eight random rows of `t` (values in [-2, 2), quantized by ggml's reference quantizer, one
@@ -433,38 +447,83 @@ fn quantized(t: DType, v: &[f32]) -> Vec<u8> {
     q
 }
 
-/// Random rows and adversarial ones (extreme and special f16 scales, six-bit scales and mins
-/// at 63, nibbles at 0 and 15, activations at ±127): each ISA's eight-row kernels (and the
-/// mat-mat kernel on the rearranged rows) give, row by row and column by column, what the
-/// definition gives with their rounding.
-#[test]
-fn q4_k_kernels_equal_the_definition() {
-    let mut rng = Rng::new(0x4b5e_ed01);
+/// A superblock type whose repack arithmetic has two roundings (q4_K, q2_K): where its
+/// fields are and its entry points.
+struct KRepack {
+    t: DType,
+    block: usize,
+    /// the f16 `d` and `dmin` offsets in a block
+    d_at: [usize; 2],
+    /// the scale bytes and the code bytes of a block
+    scales: std::ops::Range<usize>,
+    codes: std::ops::Range<usize>,
+    /// code byte values to fill a block with (codes at both ends)
+    fills: &'static [u8],
+    def: fn(&[u8], &[u8], usize, bool) -> f32,
+    one: fn(Isa, &[u8], &[u8], usize) -> [f32; 8],
+    four: fn(Isa, &[u8], [&[u8]; 4], usize) -> [[f32; 8]; 4],
+}
+
+const Q4K: KRepack = KRepack {
+    t: DType::Q4K,
+    block: rk::BLOCK,
+    d_at: [0, 2],
+    scales: 4..16,
+    codes: 16..144,
+    fills: &[0x00, 0xff, 0xf0],
+    def: rk::vec_dot_ref,
+    one: rk::vec_dot8,
+    four: rk::vec_dot8x4,
+};
+
+const Q2K: KRepack = KRepack {
+    t: DType::Q2K,
+    block: q2::BLOCK,
+    d_at: [80, 82],
+    scales: 0..16,
+    codes: 16..80,
+    fills: &[0x00, 0xff, 0xf0, 0x1b],
+    def: q2::vec_dot_ref,
+    one: q2::vec_dot8,
+    four: q2::vec_dot8x4,
+};
+
+/// Random rows and adversarial ones (extreme and special f16 scales, every scale and min at
+/// its largest, codes at both ends, activations at ±127): each ISA's eight-row kernels (and
+/// `more`, another kernel's four columns where it runs) give, row by row and column by
+/// column, what the definition gives with their rounding.
+fn k_kernels_equal_the_definition(
+    q: &KRepack,
+    seed: u64,
+    more: impl Fn(Isa, &[u8], [&[u8]; 4], usize) -> Option<[[f32; 8]; 4]>,
+) {
+    let mut rng = Rng::new(seed);
     let f16s = [
         0x7bffu16, 0xfbff, 0x0001, 0x8400, 0x0000, 0x3c00, 0x7c00, 0x7e00,
     ];
     let mut checked = 0;
     for case in 0..24 {
         let k = 256 * (1 + case % 3);
-        let row = DType::Q4K.row_size(k).unwrap();
+        let row = q.t.row_size(k).unwrap();
         let mut g = Vec::with_capacity(8 * row);
         for r in 0..8 {
             let v: Vec<f32> = (0..k)
                 .map(|_| rng.uniform(-1.0, 1.0) * (1 + r) as f32)
                 .collect();
-            let mut w = quantized(DType::Q4K, &v);
+            let mut w = quantized(q.t, &v);
             if case % 2 == 1 {
-                for b in w.chunks_exact_mut(rk::BLOCK) {
+                for b in w.chunks_exact_mut(q.block) {
                     if rng.below(2) == 0 {
-                        b[..2].copy_from_slice(&rng.pick(&f16s).to_le_bytes());
-                        b[2..4].copy_from_slice(&rng.pick(&f16s).to_le_bytes());
+                        for at in q.d_at {
+                            b[at..at + 2].copy_from_slice(&rng.pick(&f16s).to_le_bytes());
+                        }
                     }
                     if rng.below(3) == 0 {
-                        b[4..16].fill(0xff); // every scale and min 63
+                        b[q.scales.clone()].fill(0xff); // every scale and min at its largest
                     }
                     if rng.below(3) == 0 {
-                        let n = rng.pick(&[0x00u8, 0xff, 0xf0]);
-                        b[16..].fill(n);
+                        let n = rng.pick(q.fills);
+                        b[q.codes.clone()].fill(n);
                     }
                 }
             }
@@ -475,10 +534,10 @@ fn q4_k_kernels_equal_the_definition() {
                 let v: Vec<f32> = (0..k)
                     .map(|i| {
                         if case % 2 == 1 && c == 0 {
-                            if i % 2 == 0 {
-                                1.0
-                            } else {
+                            if i % 3 == 0 {
                                 -1.0
+                            } else {
+                                1.0
                             }
                         } else {
                             rng.uniform(-2.0, 2.0)
@@ -488,28 +547,24 @@ fn q4_k_kernels_equal_the_definition() {
                 quantized(DType::Q8K, &v)
             })
             .collect();
-        assert_eq!(xs[0].len(), k / 256 * rk::QBLOCK);
+        assert_eq!(xs[0].len(), k / 256 * DType::Q8K.type_size());
         for isa in isas() {
             let xs4: [&[u8]; 4] = std::array::from_fn(|c| &xs[c][..]);
-            let four = rk::vec_dot8x4(isa, &g, xs4, k);
-            // the mat-mat kernel on the rows rearranged one a lane, where it runs
-            let transposed = rk::has_transposed_kernel(isa).then(|| {
-                let mut t = vec![0u8; rk::transposed_bytes(k)];
-                rk::transpose8(&g, k, &mut t);
-                rk::vec_dot8x4_transposed(isa, &t, xs4, k)
-            });
+            let four = (q.four)(isa, &g, xs4, k);
+            let more = more(isa, &g, xs4, k);
             for (c, x) in xs.iter().enumerate() {
-                let one = rk::vec_dot8(isa, &g, x, k);
+                let one = (q.one)(isa, &g, x, k);
                 for r in 0..8 {
                     let w = &g[r * row..(r + 1) * row];
-                    let t = transposed.map(|t| (t[c][r], true));
-                    for (got, quad) in [(one[r], false), (four[c][r], true)].into_iter().chain(t) {
-                        let want = rk::vec_dot_ref(w, x, k, quad);
+                    let m = more.map(|t| (t[c][r], true));
+                    for (got, quad) in [(one[r], false), (four[c][r], true)].into_iter().chain(m) {
+                        let want = (q.def)(w, x, k, quad);
                         assert_eq!(
                             got.to_bits(),
                             want.to_bits(),
-                            "case {case} column {c} row {r} quad {quad} on {isa:?}: {got} vs \
-                             {want}"
+                            "{} case {case} column {c} row {r} quad {quad} on {isa:?}: {got} vs \
+                             {want}",
+                            q.t
                         );
                         checked += 1;
                     }
@@ -520,13 +575,29 @@ fn q4_k_kernels_equal_the_definition() {
     assert!(checked >= 24 * 4 * 8 * 2);
 }
 
-/// mul_mat of repacked q4_K rows for 1-7 columns and several row counts: the columns in
-/// whole fours from the first take the four-column rounding, the rest the one-column
-/// rounding, on every ISA and thread count; and the two roundings differ somewhere (so the
-/// assignment is tested).
 #[test]
-fn every_path_of_a_q4_k_product_gives_the_definition() {
-    let mut rng = Rng::new(0x4b4b);
+fn q4_k_kernels_equal_the_definition() {
+    // and the mat-mat kernel on the rows rearranged one a lane, where it runs
+    k_kernels_equal_the_definition(&Q4K, 0x4b5e_ed01, |isa, g, xs4, k| {
+        rk::has_transposed_kernel(isa).then(|| {
+            let mut t = vec![0u8; rk::transposed_bytes(k)];
+            rk::transpose8(g, k, &mut t);
+            rk::vec_dot8x4_transposed(isa, &t, xs4, k)
+        })
+    });
+}
+
+#[test]
+fn q2_k_kernels_equal_the_definition() {
+    k_kernels_equal_the_definition(&Q2K, 0x2b5e_ed02, |_, _, _, _| None);
+}
+
+/// mul_mat of repacked rows for 1-7 columns and several row counts: the columns in whole
+/// fours from the first take the four-column rounding, the rest the one-column rounding, on
+/// every ISA and thread count; and the two roundings differ somewhere (so the assignment is
+/// tested).
+fn every_path_gives_the_definition(q: &KRepack, seed: u64) {
+    let mut rng = Rng::new(seed);
     let mut roundings_differ = false;
     for (k, m, n) in [
         (256, 8, 1),
@@ -535,30 +606,26 @@ fn every_path_of_a_q4_k_product_gives_the_definition() {
         (256, 24, 4),
         (512, 16, 7),
     ] {
-        let row = DType::Q4K.row_size(k).unwrap();
+        let row = q.t.row_size(k).unwrap();
         let wv: Vec<f32> = (0..k * m).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let w: Vec<u8> = wv
-            .chunks(k)
-            .flat_map(|r| quantized(DType::Q4K, r))
-            .collect();
+        let w: Vec<u8> = wv.chunks(k).flat_map(|r| quantized(q.t, r)).collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(-2.0, 2.0)).collect();
         let xq: Vec<Vec<u8>> = b.chunks(k).map(|c| quantized(DType::Q8K, c)).collect();
         let quads = n - n % 4;
         let want: Vec<f32> = (0..n)
             .flat_map(|j| {
                 let (w, xq) = (&w, &xq);
-                (0..m)
-                    .map(move |r| rk::vec_dot_ref(&w[r * row..(r + 1) * row], &xq[j], k, j < quads))
+                (0..m).map(move |r| (q.def)(&w[r * row..(r + 1) * row], &xq[j], k, j < quads))
             })
             .collect();
         for x in &xq {
             for wr in w.chunks_exact(row) {
-                roundings_differ |= rk::vec_dot_ref(wr, x, k, true).to_bits()
-                    != rk::vec_dot_ref(wr, x, k, false).to_bits();
+                roundings_differ |=
+                    (q.def)(wr, x, k, true).to_bits() != (q.def)(wr, x, k, false).to_bits();
             }
         }
         let c = QmmCase {
-            t: DType::Q4K,
+            t: q.t,
             k,
             m,
             n,
@@ -571,25 +638,45 @@ fn every_path_of_a_q4_k_product_gives_the_definition() {
     assert!(roundings_differ);
 }
 
-/// The definition against an f64 dot product of the dequantized values, for both roundings.
 #[test]
-fn the_q4_k_definition_is_a_dot_product() {
-    let mut rng = Rng::new(78);
+fn every_path_of_a_q4_k_product_gives_the_definition() {
+    every_path_gives_the_definition(&Q4K, 0x4b4b);
+}
+
+#[test]
+fn every_path_of_a_q2_k_product_gives_the_definition() {
+    every_path_gives_the_definition(&Q2K, 0x2b2b);
+}
+
+/// The definition against an f64 dot product of the dequantized values, for both roundings.
+fn definition_is_a_dot_product(q: &KRepack, seed: u64) {
+    let mut rng = Rng::new(seed);
     let k = 1024;
     let v: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
     let xv: Vec<f32> = (0..k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    let (w, x) = (quantized(DType::Q4K, &v), quantized(DType::Q8K, &xv));
+    let (w, x) = (quantized(q.t, &v), quantized(DType::Q8K, &xv));
     let (mut wd, mut xd) = (vec![0f32; k], vec![0f32; k]);
-    tessera_quants::dequantize_row(DType::Q4K.id(), &w, &mut wd).unwrap();
+    tessera_quants::dequantize_row(q.t.id(), &w, &mut wd).unwrap();
     tessera_quants::dequantize_row(DType::Q8K.id(), &x, &mut xd).unwrap();
     let exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
     for quad in [false, true] {
-        let got = rk::vec_dot_ref(&w, &x, k, quad) as f64;
+        let got = (q.def)(&w, &x, k, quad) as f64;
         assert!(
             (got - exact).abs() <= 1e-4 * exact.abs().max(1.0),
-            "quad {quad}: {got} vs {exact}"
+            "{} quad {quad}: {got} vs {exact}",
+            q.t
         );
     }
+}
+
+#[test]
+fn the_q4_k_definition_is_a_dot_product() {
+    definition_is_a_dot_product(&Q4K, 78);
+}
+
+#[test]
+fn the_q2_k_definition_is_a_dot_product() {
+    definition_is_a_dot_product(&Q2K, 79);
 }
 
 /// mxfp4: every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar
@@ -746,4 +833,26 @@ fn mxfp4_kernels_equal_the_definition() {
         }
     }
     assert!(checked >= 320 * isas().len());
+}
+
+/// `data/q2k_repack_mm_ggml.bin`, written by a small C program (not part of this repository)
+/// linked against llama.cpp's `libggml-cpu` as vendored by llama-cpp-python 0.3.36 (gcc 12, a
+/// native build on an AMD Zen 4 with AVX-512, where ggml repacks q2_K; a build for AVX2 alone
+/// does not): q2_K weights put in the `CPU_REPACK` buffer type (ggml reported `q2_K_8x8`
+/// repacking), f32 activations, the results of `ggml_mul_mat` computed by
+/// `ggml_backend_graph_compute` (1 and 2 threads gave the same bytes; the plain layout gives
+/// other bits in 633 of the 936 results). Fourteen cases: K
+/// 256-1536, 8-32 rows, 1-17 columns (whole fours, the rest, both); five with weights from
+/// `ggml_quantize_chunk`, four with random bytes (and f16 scales within ±0.05), two with every
+/// code 3 and every scale and min 15 against activations of ±1 (each q8_K value ±127), one
+/// with subnormal f16 scales against activations near 10⁻³. Format: `common::qmm_fixture`.
+fn fixture_q2_k() -> Vec<QmmCase> {
+    qmm_fixture(include_bytes!("data/q2k_repack_mm_ggml.bin"))
+}
+
+/// q2_K: every result bit for bit as ggml's repack buffer gives it, on every ISA (the scalar
+/// one too) and thread count; the plain layout differs from it in many results.
+#[test]
+fn repacked_q2_k_rows_equal_ggml_repack_mul_mat() {
+    assert_plain_rows_give(&fixture_q2_k(), DType::Q2K, 14, 4);
 }

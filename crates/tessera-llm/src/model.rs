@@ -260,13 +260,15 @@ impl Model {
         self.with_interleaved_rows_where(tessera_cpu::interleaved_kernel)
     }
 
-    /// Has the weights that llama.cpp's CPU backend repacks on x86 (q4_0, iq4_nl, q4_K and mxfp4
-    /// 2-D matrices of whole groups of eight rows read by `mul_mat`: not the embedding table,
-    /// which `get_rows` reads, but the output matrix when it is that table, which llama.cpp
-    /// loads a second time for the output's `mul_mat` and repacks) computed with the
-    /// arithmetic of ggml's repack kernels (`tessera::RowLayout::Repacked8`), on any CPU: the
-    /// results of llama.cpp's default on x86 rather than of its `--no-repack`, which is what
-    /// the plain rows give. The q4_0, iq4_nl and mxfp4 ones are copied into interleaved rows
+    /// Has the weights that llama.cpp's CPU backend repacks on x86 when built for AVX2 (q4_0,
+    /// iq4_nl, q4_K and mxfp4, `tessera_cpu::repacked_by_run`: not q2_K, which ggml repacks
+    /// only when built with AVX-512; 2-D matrices of whole groups of eight rows read by
+    /// `mul_mat`: not the embedding table, which `get_rows` reads, but the output matrix when
+    /// it is that table, which llama.cpp loads a second time for the output's `mul_mat` and
+    /// repacks) computed with the arithmetic of ggml's repack kernels
+    /// (`tessera::RowLayout::Repacked8`): the results of llama.cpp's default (built for AVX2)
+    /// on any CPU rather than of its `--no-repack`, which is what the plain rows give. The
+    /// q4_0, iq4_nl and mxfp4 ones are copied into interleaved rows
     /// (`tessera::layout::interleave8`; a tied output matrix too, while the embedding lookups
     /// read the mapped table), as ggml copies them into its repack buffer; the q4_K ones stay
     /// mapped. Other weights are as before (interleaved q4_1 too, if chosen).
@@ -278,7 +280,7 @@ impl Model {
         let mut m = self.with_copies_where(reorders)?;
         m.repacked = true;
         let repackable = |t: &TensorInfo| {
-            tessera::layout::repack_numerics(t.dtype) && t.n_dims == 2 && t.ne[1].is_multiple_of(8)
+            tessera_cpu::repacked_by_run(t.dtype) && t.n_dims == 2 && t.ne[1].is_multiple_of(8)
         };
         // the output matrix when it is the embedding table (no output.weight)
         let tied = (!m.has_tensor("output.weight"))

@@ -29,10 +29,13 @@
 //! activations' f16 scale is rounded (it can be subnormal) before the multiply-add, as in
 //! ggml; their bytes are interleaved as above with a one-byte head (per block the eight
 //! exponents, then the eight rows' 16 bytes of nibbles: 136 bytes, ggml's `block_mxfp4x8`
-//! in a simpler order), as in [`RowLayout::Interleaved8`] mxfp4. q4_K rows take it too (ggml repacks them on x86 as well), on their plain
-//! bytes, so the weights stay mapped (the mat-mat kernel rearranges each group of eight rows
-//! on the way). Its rounding depends on the column: ggml's four-column kernel adds one FMA
-//! per 64 weights, its one-column kernel one per 256 (see `qgemv_repack_k` in `tessera-cpu`).
+//! in a simpler order), as in [`RowLayout::Interleaved8`] mxfp4. q4_K rows take it too (ggml
+//! repacks them on x86 as well), on their plain bytes, so the weights stay mapped (the mat-mat
+//! kernel rearranges each group of eight rows on the way). Its rounding depends on the
+//! column: ggml's four-column kernel adds one FMA per 64 weights, its one-column kernel one
+//! per 256 (see `qgemv_repack_k` in `tessera-cpu`). q2_K rows too, on their plain bytes (ggml
+//! repacks them where it is built with AVX-512): one FMA per 128 weights in the four-column
+//! kernel, one per 256 in the one-column kernel (`qgemv_repack_q2k`).
 //!
 //! A graph sets either on a leaf with [`Graph::set_layout`](crate::Graph::set_layout); planning
 //! refuses it unless every reader of the leaf is a `mul_mat` taking it as its first operand,
@@ -52,7 +55,7 @@ pub enum RowLayout {
     /// Groups of eight rows interleaved block by block (see the module's documentation).
     Interleaved8,
     /// The bytes of [`RowLayout::Interleaved8`] (q4_0, iq4_nl, mxfp4) or the plain rows
-    /// (q4_K), multiplied with the arithmetic of ggml's CPU repack buffer (see the module's
+    /// (q4_K, q2_K), multiplied with the arithmetic of ggml's CPU repack buffer (see the module's
     /// documentation).
     Repacked8,
 }
@@ -60,7 +63,10 @@ pub enum RowLayout {
 /// Whether rows of `t` can take [`RowLayout::Repacked8`] (the types whose ggml repack kernels
 /// this crate reproduces).
 pub fn repack_numerics(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4K | DType::MXFP4)
+    matches!(
+        t,
+        DType::Q4_0 | DType::IQ4NL | DType::Q4K | DType::MXFP4 | DType::Q2K
+    )
 }
 
 /// Whether a tensor of `t` in `layout` holds its bytes in another order than ggml's rows (so

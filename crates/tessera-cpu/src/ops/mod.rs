@@ -32,6 +32,7 @@ pub mod qgemv_0;
 pub mod qgemv_avx2;
 pub mod qgemv_repack;
 pub mod qgemv_repack_k;
+pub mod qgemv_repack_q2k;
 pub mod reduce;
 pub mod rope;
 pub mod rows;

@@ -1,5 +1,5 @@
-//! q4_0 and iq4_nl weights in `RowLayout::Repacked8` (`tessera::layout`; q4_K: its entry
-//! points hand those to `qgemv_repack_k`): the arithmetic of
+//! q4_0 and iq4_nl weights in `RowLayout::Repacked8` (`tessera::layout`; q4_K and q2_K: its
+//! entry points hand those to `qgemv_repack_k` and `qgemv_repack_q2k`): the arithmetic of
 //! ggml's CPU repack buffer (`CPU_REPACK`, llama.cpp's default on x86), so that a product's
 //! results equal llama.cpp's default rather than its plain rows (`--no-repack`).
 //!
@@ -73,7 +73,7 @@ const MX_BLOCK: usize = 17;
 /// multiplies the activations' f16 scale, rounded, before the FMA, as in ggml's template).
 pub fn vec_dot_ref(t: DType, w: &[u8], x: &[u8], k: usize) -> f32 {
     assert!(
-        tessera::layout::repack_numerics(t) && t != DType::Q4K,
+        matches!(t, DType::Q4_0 | DType::IQ4NL | DType::MXFP4),
         "no repack arithmetic on 32-element blocks for {t}"
     );
     let mut acc = 0f32;
@@ -212,10 +212,14 @@ pub fn mxfp4_group8(isa: Isa, g: &[u8], x: &[u8], sums: &[u8], k: usize) -> [f32
 
 /// The eight rows of one interleaved group (`g`: `8 × k / 32` blocks of `t` in
 /// `tessera::layout`'s order) against one q8_0 activation row, each as [`vec_dot_ref`] gives
-/// it for that row.
+/// it for that row (q4_K and q2_K: eight plain rows against a q8_K row, with their modules'
+/// one-column rounding).
 pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
     if t == DType::Q4K {
         return super::qgemv_repack_k::vec_dot8(isa, g, x, k);
+    }
+    if t == DType::Q2K {
+        return super::qgemv_repack_q2k::vec_dot8(isa, g, x, k);
     }
     if t == DType::MXFP4 {
         return mxfp4_rows8(isa, g, [x], k)[0];
@@ -276,7 +280,7 @@ pub fn vec_dot8(isa: Isa, t: DType, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
 /// Xeon: one group a call 112 tokens/s, against 155 for the plain rows).
 pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -> [[f32; 8]; 4] {
     #[cfg(target_arch = "x86_64")]
-    if has_four_group_kernel(isa) && t != DType::Q4K && t != DType::MXFP4 {
+    if has_four_group_kernel(isa) && matches!(t, DType::Q4_0 | DType::IQ4NL) {
         let nb = k / 32;
         assert!(
             tessera::layout::repack_numerics(t)
@@ -305,10 +309,11 @@ pub fn vec_dot8_groups4(isa: Isa, t: DType, g: [&[u8]; 4], x: &[u8], k: usize) -
 }
 
 /// Whether a mat-mat of `t` rows in `Repacked8` must give its columns in whole fours from the
-/// first to [`vec_dot8x4`] (else only where that has a kernel of its own): q4_K, whose
-/// four-column rounding is not its one-column rounding (`qgemv_repack_k`), as in ggml.
+/// first to [`vec_dot8x4`] (else only where that has a kernel of its own): q4_K and q2_K,
+/// whose four-column rounding is not their one-column rounding (`qgemv_repack_k`,
+/// `qgemv_repack_q2k`), as in ggml.
 pub fn columns_in_fours(isa: Isa, t: DType) -> bool {
-    t == DType::Q4K || has_four_column_kernel(isa)
+    matches!(t, DType::Q4K | DType::Q2K) || has_four_column_kernel(isa)
 }
 
 /// Whether [`vec_dot8x4`] has a kernel of its own for `isa` (else it is four [`vec_dot8`]).
@@ -342,6 +347,9 @@ pub fn has_four_group_kernel(isa: Isa) -> bool {
 pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
     if t == DType::Q4K {
         return super::qgemv_repack_k::vec_dot8x4(isa, g, x, k);
+    }
+    if t == DType::Q2K {
+        return super::qgemv_repack_q2k::vec_dot8x4(isa, g, x, k);
     }
     if t == DType::MXFP4 {
         if has_mx_transposed_kernel(isa) {

@@ -149,30 +149,53 @@ pub fn vec_dot_ref(w: &[u8], x: &[u8], k: usize, quad: bool) -> f32 {
     acc - accm
 }
 
-fn check(g: &[u8], x: &[&[u8]], k: usize, what: &str) {
+/// Asserts that `g` holds eight rows of `k / 256` superblocks of `block` bytes and every `x`
+/// `k / 256` q8_K blocks (`t`, `what`: the type and the entry point, for the message).
+pub(super) fn check_superblocks(
+    t: &str,
+    block: usize,
+    g: &[u8],
+    x: &[&[u8]],
+    k: usize,
+    what: &str,
+) {
     let nb = k / 256;
     assert!(
         k.is_multiple_of(256)
-            && g.len() >= 8 * nb * BLOCK
+            && g.len() >= 8 * nb * block
             && x.iter().all(|x| x.len() >= nb * QBLOCK),
-        "repack q4_K {what}: k={k}, eight rows in {} bytes, activations of {:?} bytes",
+        "repack {t} {what}: k={k}, eight rows in {} bytes, activations of {:?} bytes",
         g.len(),
         x.iter().map(|x| x.len()).collect::<Vec<_>>()
     );
+}
+
+fn check(g: &[u8], x: &[&[u8]], k: usize, what: &str) {
+    check_superblocks("q4_K", BLOCK, g, x, k, what);
+}
+
+/// Eight plain rows of `row` bytes (`g`, row after row) against `C` activation rows, in
+/// scalar code: `out[c][r] = dot(row r, x[c])`.
+pub(super) fn rows8_with<const C: usize>(
+    g: &[u8],
+    x: [&[u8]; C],
+    row: usize,
+    dot: impl Fn(&[u8], &[u8]) -> f32,
+) -> [[f32; 8]; C] {
+    let mut out = [[0f32; 8]; C];
+    for r in 0..8 {
+        for c in 0..C {
+            out[c][r] = dot(&g[r * row..(r + 1) * row], x[c]);
+        }
+    }
+    out
 }
 
 /// Eight plain q4_K rows (`g`, `8 × k / 256` blocks, row after row) against `C` q8_K
 /// activation rows, in scalar code: `out[c][r]` as [`vec_dot_ref`] gives it with rounding
 /// `quad`.
 fn rows8_scalar<const C: usize>(g: &[u8], x: [&[u8]; C], k: usize, quad: bool) -> [[f32; 8]; C] {
-    let row = k / 256 * BLOCK;
-    let mut out = [[0f32; 8]; C];
-    for r in 0..8 {
-        for c in 0..C {
-            out[c][r] = vec_dot_ref(&g[r * row..(r + 1) * row], x[c], k, quad);
-        }
-    }
-    out
+    rows8_with(g, x, k / 256 * BLOCK, |w, x| vec_dot_ref(w, x, k, quad))
 }
 
 /// Whether the AVX2 kernels run for `isa`.
