@@ -25,11 +25,15 @@
 //!
 //! [`vec_dot_ref`] is that definition on one row and one column, and the scalar code where
 //! x86's vector units are missing. [`vec_dot8`] (one-column rounding) and [`vec_dot8x4`]
-//! (four-column rounding) keep eight plain rows in the lanes of one AVX2 kernel: per half of a
-//! block each row's codes are unpacked once for the columns, `vpmaddubsw` and `vpmaddwd` by
-//! the sub-blocks' scales give its integer sums, a tree of `vphaddd` puts each row's in its
-//! lane, and one FMA serves the eight rows. Tests: `tests/qgemv_repack.rs` (ggml's own
-//! results, and the kernels against [`vec_dot_ref`]).
+//! (four-column rounding) keep eight plain rows in the lanes of one 256-bit kernel (AVX2;
+//! `vpdpwssd` with AVX-512 VNNI or AVX-VNNI): per block the eight rows' scale bytes are read
+//! two rows a vector for the mins' sums of all eight rows at once, and per half block each
+//! row's codes are unpacked once for the columns (three of the four quarters masked in place,
+//! their factor of 4^j moved onto the scales), `vpmaddubsw` and `vpmaddwd` by the
+//! sub-blocks' scales give its integer sums, a tree of `vphaddd` puts each row's in its lane,
+//! and one FMA serves the eight rows. On the Zen 4, one thread, against ggml's `CPU_REPACK`
+//! (README): mat-vec 1.0-1.1×, mat-mat about 1.25×. Tests: `tests/qgemv_repack.rs` (ggml's own
+//! results, and the kernels against [`vec_dot_ref`] on every ISA).
 
 use tessera_quants::f16_to_f32;
 
@@ -116,7 +120,7 @@ pub fn vec_dot8(isa: Isa, g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
     if has_kernel(isa) {
         // SAFETY: the CPU has AVX2, FMA and F16C (`has_kernel`); g holds eight rows of
         // k / 256 blocks and x k / 256 q8_K blocks (checked).
-        return unsafe { avx2::rows8::<1, false>(g.as_ptr(), k / 256, [x.as_ptr()]) }[0];
+        return unsafe { avx2::rows8::<1, false>(isa, g.as_ptr(), k / 256, [x.as_ptr()]) }[0];
     }
     let _ = isa;
     rows8_scalar::<1>(g, [x], k, false)[0]
@@ -129,7 +133,7 @@ pub fn vec_dot8x4(isa: Isa, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] 
     #[cfg(target_arch = "x86_64")]
     if has_kernel(isa) {
         // SAFETY: as in `vec_dot8`, for each of the four activation rows.
-        return unsafe { avx2::rows8::<4, true>(g.as_ptr(), k / 256, x.map(|x| x.as_ptr())) };
+        return unsafe { avx2::rows8::<4, true>(isa, g.as_ptr(), k / 256, x.map(|x| x.as_ptr())) };
     }
     let _ = isa;
     rows8_scalar::<4>(g, x, k, true)
@@ -140,95 +144,179 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{BLOCK, QBLOCK};
-
-    /// The eight vectors' sums of their eight i32 lanes, vector r's in lane r (a tree of
-    /// `vphaddd`; exact).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sum8(v: &[__m256i; 8]) -> __m256i {
-        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-        // a: rows 0-3 of lanes 0-3 | rows 0-3 of lanes 4-7; b the same for rows 4-7
-        _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(a, b),
-            _mm256_permute2x128_si256::<0x31>(a, b),
-        )
-    }
-
-    /// The eight vectors' sums of their four i32 lanes, vector r's in lane r.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sum8x4(v: &[__m128i; 8]) -> __m256i {
-        let q = |o: usize| {
-            _mm_hadd_epi32(
-                _mm_hadd_epi32(v[o], v[o + 1]),
-                _mm_hadd_epi32(v[o + 2], v[o + 3]),
-            )
-        };
-        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q(0)), q(4))
-    }
-
-    /// The f16 at byte `B` (0 or 2) of each of the eight dwords of `v`, in order.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn halves8<const B: i8>(v: __m256i) -> __m128i {
-        let (a, b, c, d) = (B, B + 4, B + 8, B + 12);
-        #[rustfmt::skip]
-        let pick = _mm256_setr_epi8(
-            a, a + 1, b, b + 1, c, c + 1, d, d + 1, -1, -1, -1, -1, -1, -1, -1, -1,
-            a, a + 1, b, b + 1, c, c + 1, d, d + 1, -1, -1, -1, -1, -1, -1, -1, -1,
-        );
-        // each 128-bit lane's four halves in its low qword; then the two qwords together
-        let s = _mm256_shuffle_epi8(v, pick);
-        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(s))
-    }
-
-    /// Each 16-bit lane of `q` shifted right by 2j bits (j < 4).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn shift2(q: __m256i, j: usize) -> __m256i {
-        match j {
-            0 => q,
-            1 => _mm256_srli_epi16::<2>(q),
-            2 => _mm256_srli_epi16::<4>(q),
-            _ => _mm256_srli_epi16::<6>(q),
-        }
-    }
+    use crate::ops::qdot::avx2::{uses_avx_vnni, uses_vnni};
+    use crate::simd::Isa;
 
     /// Eight plain q2_K rows (`g`: row after row, `nb` blocks each) against `C` q8_K rows:
-    /// `out[c][r]`, with the four-column rounding (`QUAD`: an FMA per half block) or the
-    /// one-column one (an FMA per block). Per half block and row the codes are unpacked once
-    /// for the `C` columns: quarter j's two bits of each of the 32 code bytes against the
-    /// column's activations 32j.. by `vpmaddubsw` (codes ≤ 3: pairs at most 2·3·127, exact),
-    /// `vpmaddwd` by sub-block 2j's scale (lanes 0-7) and 2j + 1's (lanes 8-15).
+    /// `out[c][r]`, with the four-column rounding (`QUAD`) or the one-column one, on the
+    /// widest entry point `isa` allows (the same bits on each).
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `g` points at eight rows of `nb` blocks and every `x`
     /// at `nb` q8_K blocks.
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows8<const C: usize, const QUAD: bool>(
+        isa: Isa,
+        g: *const u8,
+        nb: usize,
+        x: [*const u8; C],
+    ) -> [[f32; 8]; C] {
+        // SAFETY: the features each entry point is compiled for are checked first; the
+        // pointers as the caller promises.
+        unsafe {
+            if uses_vnni(isa) {
+                rows8_vnni::<C, QUAD>(g, nb, x)
+            } else if uses_avx_vnni(isa) {
+                rows8_avx_vnni::<C, QUAD>(g, nb, x)
+            } else {
+                rows8_avx2::<C, QUAD>(g, nb, x)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows8_avx2<const C: usize, const QUAD: bool>(
+        g: *const u8,
+        nb: usize,
+        x: [*const u8; C],
+    ) -> [[f32; 8]; C] {
+        // SAFETY: as for `rows8`.
+        unsafe { body::<C, QUAD, 0>(g, nb, x) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn rows8_vnni<const C: usize, const QUAD: bool>(
+        g: *const u8,
+        nb: usize,
+        x: [*const u8; C],
+    ) -> [[f32; 8]; C] {
+        // SAFETY: as for `rows8`.
+        unsafe { body::<C, QUAD, 1>(g, nb, x) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn rows8_avx_vnni<const C: usize, const QUAD: bool>(
+        g: *const u8,
+        nb: usize,
+        x: [*const u8; C],
+    ) -> [[f32; 8]; C] {
+        // SAFETY: as for `rows8`.
+        unsafe { body::<C, QUAD, 2>(g, nb, x) }
+    }
+
+    /// `acc + Σ pairs of (p · s)` per i32 lane: `vpdpwssd` with VNNI (`V` = 1: AVX-512 VL, 2:
+    /// AVX-VNNI), `vpmaddwd` and an add without (the same exact integers).
+    #[inline(always)]
+    unsafe fn dpwssd<const V: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: the caller is compiled with the instruction set `V` names.
+        unsafe {
+            match V {
+                1 => _mm256_dpwssd_epi32(acc, p, s),
+                2 => _mm256_dpwssd_avx_epi32(acc, p, s),
+                _ => _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)),
+            }
+        }
+    }
+
+    /// The f16 at byte `B` (0 or 2) of each of the eight dwords of `v`, in order.
+    #[inline(always)]
+    unsafe fn halves8<const B: i8>(v: __m256i) -> __m128i {
+        let (a, b, c, d) = (B, B + 4, B + 8, B + 12);
+        // SAFETY: register arithmetic only (AVX2, the caller's).
+        unsafe {
+            #[rustfmt::skip]
+            let pick = _mm256_setr_epi8(
+                a, a + 1, b, b + 1, c, c + 1, d, d + 1, -1, -1, -1, -1, -1, -1, -1, -1,
+                a, a + 1, b, b + 1, c, c + 1, d, d + 1, -1, -1, -1, -1, -1, -1, -1, -1,
+            );
+            // each 128-bit lane's four halves in its low qword; then the two qwords together
+            let s = _mm256_shuffle_epi8(v, pick);
+            _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(s))
+        }
+    }
+
+    /// Quarter j's two-bit codes of 32 code bytes `q`, times 4^j for j < 3 (masked in place:
+    /// 3, 12 or 48 at most, so `vpmaddubsw` pairs stay within 2·48·127) and times 1 for j = 3
+    /// (shifted down; its scale carries the factor instead, see [`SCALE_X`]).
+    #[inline(always)]
+    unsafe fn codes(q: __m256i, j: usize) -> __m256i {
+        // SAFETY: register arithmetic only (AVX2, the caller's).
+        unsafe {
+            match j {
+                0 => _mm256_and_si256(q, _mm256_set1_epi8(0x03)),
+                1 => _mm256_and_si256(q, _mm256_set1_epi8(0x0c)),
+                2 => _mm256_and_si256(q, _mm256_set1_epi8(0x30)),
+                _ => _mm256_and_si256(_mm256_srli_epi16::<6>(q), _mm256_set1_epi8(0x03)),
+            }
+        }
+    }
+
+    /// The factors of the scale bytes, a word (two sub-blocks) at a time, so that every
+    /// quarter's products come out 16 times the true ones: sub-blocks 8h + 2j and 8h + 2j + 1
+    /// (quarter j) times 16, 4, 1 and 16 for j = 0..4, against codes times 1, 4, 16 and 1
+    /// ([`codes`]). The scaled bytes stay bytes (16·15 = 240) and each word's low byte does
+    /// not reach its high one; the half block's sums are then exact multiples of 16, divided
+    /// by an arithmetic shift.
+    const SCALE_X: [i16; 8] = [16, 4, 1, 16, 16, 4, 1, 16];
+
+    /// `vpshufb` indices into a row's 16 scale bytes (in both 128-bit lanes): sub-block
+    /// 8h + 2j's into the low lane's words, 8h + 2j + 1's into the high lane's (index 0x80:
+    /// a zero high byte). `[h][j]`.
+    static PICK: [[[u8; 32]; 4]; 2] = {
+        let mut t = [[[0x80u8; 32]; 4]; 2];
+        let mut h = 0;
+        while h < 2 {
+            let mut j = 0;
+            while j < 4 {
+                let mut w = 0;
+                while w < 16 {
+                    t[h][j][2 * w] = (8 * h + 2 * j + w / 8) as u8;
+                    w += 1;
+                }
+                j += 1;
+            }
+            h += 1;
+        }
+        t
+    };
+
+    /// The eight rows' `[r0 | r1]`, `[r2 | r3]`, `[r4 | r5]`, `[r6 | r7]` four-lane sums (row
+    /// 2p in the low lane of `p[p]`) added up, row r in lane r.
+    #[inline(always)]
+    unsafe fn sum8x4(p: [__m256i; 4]) -> __m256i {
+        // SAFETY: register arithmetic only (AVX2, the caller's).
+        unsafe {
+            // [r0 r2 r4 r6 | r1 r3 r5 r7]
+            let t = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+        }
+    }
+
+    /// The kernel (see `rows8`). Per block: the eight rows' 16 scale bytes, two rows a
+    /// vector, from which the mins' sums `Σ min·bsum` of all eight rows come by `vpmaddwd`
+    /// and a `vphaddd` tree, and each row's scaled scale bytes ([`SCALE_X`]) in both lanes.
+    /// Then per half block, row pair by row pair, quarter j's codes ([`codes`]) of each row
+    /// against the columns' activations 128h + 32j.. by `vpmaddubsw` (exact) and by sub-block
+    /// 8h + 2j's scale (lanes 0-7) and 8h + 2j + 1's (lanes 8-15) into i32 lanes; each pair's
+    /// lanes added by `vphaddd` as it ends, so that the eight rows' sums meet in one vector,
+    /// row r in lane r, and are divided by 16.
+    #[inline(always)]
+    unsafe fn body<const C: usize, const QUAD: bool, const V: u8>(
         g: *const u8,
         nb: usize,
         x: [*const u8; C],
     ) -> [[f32; 8]; C] {
         let row = nb * BLOCK;
-        let m3 = _mm256_set1_epi8(3);
-        let m4 = _mm_set1_epi8(15);
-        // vpshufb indices: sub-block 2j's scale byte into the low 128-bit lane's words,
-        // 2j + 1's into the high lane's (index 0x80: a zero high byte)
-        let pick: [__m256i; 4] = std::array::from_fn(|j| {
-            let lo = (0x8000u16 | (2 * j) as u16) as i16;
-            let hi = (0x8000u16 | (2 * j + 1) as u16) as i16;
-            _mm256_setr_epi16(
-                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
-            )
-        });
-        let mut acc = [_mm256_setzero_ps(); C];
-        let mut accm = [_mm256_setzero_ps(); C];
-        for i in 0..nb {
-            // SAFETY: block i of each of the eight rows and of each activation row exists
-            // (caller); every load below is inside one of them.
-            unsafe {
+        // SAFETY: block i of each of the eight rows and of each activation row exists
+        // (caller); every load below is inside one of them; the tables are 32 bytes a
+        // vector.
+        unsafe {
+            let m4 = _mm256_set1_epi8(15);
+            let zero = _mm256_setzero_si256();
+            let scale_x =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(SCALE_X.as_ptr() as *const _));
+            let mut acc = [_mm256_setzero_ps(); C];
+            let mut accm = [_mm256_setzero_ps(); C];
+            for i in 0..nb {
                 let wb: [*const u8; 8] = std::array::from_fn(|r| g.add(r * row + i * BLOCK));
                 let xb: [*const u8; C] = x.map(|x| x.add(i * QBLOCK));
                 // the rows' d and dmin as f32 (f16 pairs at 80 of each block)
@@ -236,39 +324,82 @@ mod avx2 {
                 let dmv = _mm256_loadu_si256(dm.as_ptr() as *const __m256i);
                 let d = _mm256_cvtph_ps(halves8::<0>(dmv));
                 let dmin = _mm256_cvtph_ps(halves8::<2>(dmv));
-                let mut dots = [[_mm256_setzero_si256(); 2]; C];
-                let mut mins = [[_mm256_setzero_si256(); 2]; C];
+                // [row 2p's 16 scale bytes | row 2p + 1's]
+                let raw: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(_mm_loadu_si128(wb[2 * p] as *const __m128i)),
+                        _mm_loadu_si128(wb[2 * p + 1] as *const __m128i),
+                    )
+                });
+                // the mins as words: sub-blocks 0-7 and 8-15, [row 2p | row 2p + 1]
+                let mn = raw.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+                let mlo = mn.map(|v| _mm256_unpacklo_epi8(v, zero));
+                let mhi = mn.map(|v| _mm256_unpackhi_epi8(v, zero));
+                let scaled = raw.map(|v| _mm256_mullo_epi16(_mm256_and_si256(v, m4), scale_x));
+                let mut dots = [[zero; 2]; C];
+                let mut mins = [[zero; 2]; C];
+                for c in 0..C {
+                    // the column's sums of sub-blocks 0-7 and 8-15, in both lanes
+                    let bs = |h: usize| {
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                            xb[c].add(260 + 16 * h) as *const __m128i
+                        ))
+                    };
+                    let (b0, b1) = (bs(0), bs(1));
+                    let lo: [__m256i; 4] = std::array::from_fn(|p| _mm256_madd_epi16(mlo[p], b0));
+                    let hi: [__m256i; 4] = std::array::from_fn(|p| _mm256_madd_epi16(mhi[p], b1));
+                    if QUAD {
+                        mins[c] = [sum8x4(lo), sum8x4(hi)];
+                    } else {
+                        mins[c][0] =
+                            sum8x4(std::array::from_fn(|p| _mm256_add_epi32(lo[p], hi[p])));
+                    }
+                }
                 for h in 0..2 {
-                    let mut tot = [[_mm256_setzero_si256(); 8]; C];
-                    let mut mn = [[_mm_setzero_si128(); 8]; C];
-                    // the columns' sums of sub-blocks 8h..8h+8 (i16)
-                    let bs: [__m128i; C] =
-                        xb.map(|x| _mm_loadu_si128(x.add(260 + 16 * h) as *const __m128i));
-                    for r in 0..8 {
-                        let q = _mm256_loadu_si256(wb[r].add(16 + 32 * h) as *const __m256i);
-                        let sc = _mm_loadl_epi64(wb[r].add(8 * h) as *const __m128i);
-                        let s8 = _mm256_broadcastsi128_si256(_mm_and_si128(sc, m4));
-                        let m16 = _mm_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
-                        for c in 0..C {
-                            mn[c][r] = _mm_madd_epi16(m16, bs[c]);
-                        }
-                        for (j, pick) in pick.iter().enumerate() {
-                            let codes = _mm256_and_si256(shift2(q, j), m3);
-                            let s = _mm256_shuffle_epi8(s8, *pick);
-                            for c in 0..C {
-                                let y = _mm256_loadu_si256(
-                                    xb[c].add(4 + 128 * h + 32 * j) as *const __m256i
-                                );
-                                tot[c][r] = _mm256_add_epi32(
-                                    tot[c][r],
-                                    _mm256_madd_epi16(_mm256_maddubs_epi16(codes, y), s),
-                                );
+                    // per row pair, `vphaddd` of the pair's two row vectors
+                    let mut half = [[zero; 2]; C];
+                    for rp in 0..4 {
+                        let mut t = [[zero; 2]; C];
+                        for e in 0..2 {
+                            let v = scaled[rp];
+                            let sr = if e == 0 {
+                                _mm256_permute2x128_si256::<0x00>(v, v)
+                            } else {
+                                _mm256_permute2x128_si256::<0x11>(v, v)
+                            };
+                            let q = _mm256_loadu_si256(
+                                wb[2 * rp + e].add(16 + 32 * h) as *const __m256i
+                            );
+                            for (j, pick) in PICK[h].iter().enumerate() {
+                                let codes = codes(q, j);
+                                let pick = _mm256_loadu_si256(pick.as_ptr() as *const _);
+                                let s = _mm256_shuffle_epi8(sr, pick);
+                                for c in 0..C {
+                                    let y = _mm256_loadu_si256(
+                                        xb[c].add(4 + 128 * h + 32 * j) as *const __m256i
+                                    );
+                                    t[c][e] =
+                                        dpwssd::<V>(t[c][e], _mm256_maddubs_epi16(codes, y), s);
+                                }
                             }
+                        }
+                        for c in 0..C {
+                            let p = _mm256_hadd_epi32(t[c][0], t[c][1]);
+                            half[c][rp / 2] = if rp % 2 == 0 {
+                                p
+                            } else {
+                                _mm256_hadd_epi32(half[c][rp / 2], p)
+                            };
                         }
                     }
                     for c in 0..C {
-                        dots[c][h] = sum8(&tot[c]);
-                        mins[c][h] = sum8x4(&mn[c]);
+                        // [r0 r1 r2 r3 partial | the rest] and the same for rows 4-7; the
+                        // sums are 16 times the true ones (`SCALE_X`), exactly
+                        let (a, b) = (half[c][0], half[c][1]);
+                        dots[c][h] = _mm256_srai_epi32::<4>(_mm256_add_epi32(
+                            _mm256_permute2x128_si256::<0x20>(a, b),
+                            _mm256_permute2x128_si256::<0x31>(a, b),
+                        ));
                     }
                 }
                 for c in 0..C {
@@ -283,18 +414,16 @@ mod avx2 {
                         }
                     } else {
                         let t = _mm256_add_epi32(dots[c][0], dots[c][1]);
-                        let m = _mm256_add_epi32(mins[c][0], mins[c][1]);
                         acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), dd, acc[c]);
-                        accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dmm, accm[c]);
+                        accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[c][0]), dmm, accm[c]);
                     }
                 }
             }
+            let mut out = [[0f32; 8]; C];
+            for c in 0..C {
+                _mm256_storeu_ps(out[c].as_mut_ptr(), _mm256_sub_ps(acc[c], accm[c]));
+            }
+            out
         }
-        let mut out = [[0f32; 8]; C];
-        for c in 0..C {
-            // SAFETY: eight f32 of room in out[c].
-            unsafe { _mm256_storeu_ps(out[c].as_mut_ptr(), _mm256_sub_ps(acc[c], accm[c])) };
-        }
-        out
     }
 }
