@@ -40,14 +40,13 @@ pub struct ModelArgs {
     #[arg(long = "lora-scale", default_value_t = 1.0)]
     pub lora_scale: f32,
     /// Keep every weight mapped from the file in ggml's layout. By default, on AMD CPUs with
-    /// AVX-512 VNNI, q4_0, q4_1, iq4_nl and mxfp4 weights are copied once into rows
+    /// AVX-512 VNNI, q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs weights are copied once into rows
     /// interleaved by eight, which their mat-vec streams faster there (see the README).
     #[arg(long = "no-interleave", conflicts_with = "interleave")]
     pub no_interleave: bool,
     /// Interleave q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs weights by eight rows on any CPU with
-    /// AVX-512 VNNI, not only on AMD's (and iq4_xs on AMD too: on an Intel Ice Lake core, and for
-    /// iq4_xs on Zen 4, it made matrices in cache faster but decoding or the mat-vec from
-    /// memory no faster; see the README).
+    /// AVX-512 VNNI, not only on AMD's (on an Intel Ice Lake core it made matrices in cache
+    /// faster but decoding no faster; see the README).
     #[arg(long = "interleave")]
     pub interleave: bool,
     /// Compute q4_0, iq4_nl, q4_K and mxfp4 weights with the arithmetic of ggml's CPU repack
