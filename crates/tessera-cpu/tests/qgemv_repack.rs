@@ -447,6 +447,9 @@ fn quantized(t: DType, v: &[f32]) -> Vec<u8> {
     q
 }
 
+/// Eight rows against four columns (a kernel's entry point).
+type FourColumns = fn(Isa, &[u8], [&[u8]; 4], usize) -> [[f32; 8]; 4];
+
 /// A superblock type whose repack arithmetic has two roundings (q4_K, q2_K): where its
 /// fields are and its entry points.
 struct KRepack {
@@ -461,7 +464,7 @@ struct KRepack {
     fills: &'static [u8],
     def: fn(&[u8], &[u8], usize, bool) -> f32,
     one: fn(Isa, &[u8], &[u8], usize) -> [f32; 8],
-    four: fn(Isa, &[u8], [&[u8]; 4], usize) -> [[f32; 8]; 4],
+    four: FourColumns,
 }
 
 const Q4K: KRepack = KRepack {
@@ -701,73 +704,95 @@ fn repacked_mxfp4_rows_equal_ggml_repack_mul_mat() {
 /// Eight plain mxfp4 rows of `k` weights as the repack layout holds them (interleaved with a
 /// one-byte head, `tessera::layout::interleave_head`).
 fn mx_group(plain: &[u8], k: usize) -> Vec<u8> {
-    let row = DType::MXFP4.row_size(k).unwrap();
+    group_of(DType::MXFP4, plain, k)
+}
+
+fn group_of(t: DType, plain: &[u8], k: usize) -> Vec<u8> {
+    let row = t.row_size(k).unwrap();
     let mut g = vec![0u8; plain.len()];
-    tessera::layout::interleave8(DType::MXFP4, row, plain, &mut g).unwrap();
+    tessera::layout::interleave8(t, row, plain, &mut g).unwrap();
     g
 }
 
-/// The rearranged mxfp4 rows of mat-mat (`mx_transpose8`): the SIMD version writes the scalar
-/// definition's bytes for random bytes (every code, every scale byte), and the four-column
-/// kernel on them gives, bit for bit, the one-column kernel's results on the group
-/// (which `mxfp4_kernels_equal_the_definition` ties to the definition).
+/// The rearranged rows of mat-mat (`transpose8_on`; mxfp4's `mx_transpose8`): the SIMD
+/// versions write the scalar definition's bytes for random bytes (every code, every scale
+/// byte; q4_0 and iq4_nl: every f16 scale but NaNs and infinities), and the four-column kernel
+/// on them gives, bit for bit, the one-column kernel's results on the group (which
+/// `mxfp4_kernels_equal_the_definition` and `kernels_equal_the_definition` tie to the
+/// definition), for mxfp4, q4_0 and iq4_nl.
 #[test]
-fn mxfp4_transposed_rows_keep_the_bits() {
-    let t = DType::MXFP4;
+fn transposed_rows_keep_the_bits() {
     let mut rng = Rng::new(0x6d78_7470);
     let mut kernels = 0;
-    for case in 0..24 {
-        let k = 32 * (1 + rng.below(70));
-        let (mut plain, x) = rows8_and_q8_0(t, k, &mut rng);
-        if case % 2 == 1 {
-            for b in plain.iter_mut() {
-                *b = rng.below(256) as u8;
+    let mut want = 0;
+    for t in [DType::MXFP4, DType::Q4_0, DType::IQ4NL] {
+        for case in 0..24 {
+            let k = 32 * (1 + rng.below(70));
+            let (mut plain, x) = rows8_and_q8_0(t, k, &mut rng);
+            if case % 2 == 1 {
+                for b in plain.iter_mut() {
+                    *b = rng.below(256) as u8;
+                }
+                if t != DType::MXFP4 {
+                    // finite f16 scales (exponent below 31)
+                    for blk in plain.chunks_exact_mut(18) {
+                        blk[1] &= 0xBB;
+                    }
+                }
             }
-        }
-        let g = mx_group(&plain, k);
-        let mut scalar = vec![0x5Au8; mx_transposed_bytes(k)];
-        mx_transpose8_scalar(&g, k, &mut scalar);
-        let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
-        mx_transpose8(&g, k, &mut simd);
-        assert!(
-            simd == scalar,
-            "k={k} case {case}: the transposed bytes differ"
-        );
-        for &isa in &isas() {
-            let mut on = vec![0xC3u8; mx_transposed_bytes(k)];
-            rp::mx_transpose8_on(isa, &g, k, &mut on);
-            assert!(
-                on == scalar,
-                "k={k} case {case} on {isa:?}: the transposed bytes differ"
-            );
-        }
-        let others = other_columns(&x, k / 32);
-        let xs = [&x[..], &others[0], &others[1], &others[2]];
-        for &isa in &isas() {
-            if !rp::has_mx_transposed_kernel(isa) {
-                continue;
-            }
-            let four = mxfp4_8x4_transposed(isa, &scalar, xs, k);
-            for (c, xc) in xs.iter().enumerate() {
-                let one = vec_dot8(isa, t, &g, xc, k);
+            let g = group_of(t, &plain, k);
+            let mut scalar = vec![0x5Au8; mx_transposed_bytes(k)];
+            rp::transpose8_scalar(t, &g, k, &mut scalar);
+            if t == DType::MXFP4 {
+                let mut old = vec![0x3Cu8; mx_transposed_bytes(k)];
+                mx_transpose8_scalar(&g, k, &mut old);
+                assert!(old == scalar);
+                let mut simd = vec![0xA5u8; mx_transposed_bytes(k)];
+                mx_transpose8(&g, k, &mut simd);
                 assert!(
-                    (0..8).all(|r| four[c][r].to_bits() == one[r].to_bits()),
-                    "k={k} case {case} column {c} on {isa:?}: {:?} vs {:?}",
-                    four[c],
-                    one
+                    simd == scalar,
+                    "k={k} case {case}: the transposed bytes differ"
                 );
             }
-            kernels += 1;
+            for &isa in &isas() {
+                let mut on = vec![0xC3u8; mx_transposed_bytes(k)];
+                rp::transpose8_on(isa, t, &g, k, &mut on);
+                assert!(
+                    on == scalar,
+                    "{t} k={k} case {case} on {isa:?}: the transposed bytes differ"
+                );
+            }
+            let others = other_columns(&x, k / 32);
+            let xs = [&x[..], &others[0], &others[1], &others[2]];
+            for &isa in &isas() {
+                if !rp::has_transposed_kernel(isa, t) {
+                    continue;
+                }
+                let four = mxfp4_8x4_transposed(isa, &scalar, xs, k);
+                let via = vec_dot8x4(isa, t, &g, xs, k);
+                for (c, xc) in xs.iter().enumerate() {
+                    let one = vec_dot8(isa, t, &g, xc, k);
+                    assert!(
+                        (0..8).all(|r| four[c][r].to_bits() == one[r].to_bits()
+                            && via[c][r].to_bits() == one[r].to_bits()),
+                        "{t} k={k} case {case} column {c} on {isa:?}: {:?} vs {:?}",
+                        four[c],
+                        one
+                    );
+                }
+                kernels += 1;
+            }
         }
+        // every kernel this CPU has for t ran in every case
+        want += 24
+            * isas()
+                .iter()
+                .filter(|&&i| rp::has_transposed_kernel(i, t))
+                .count();
     }
-    // every kernel this CPU has (AVX2, AVX-512 VNNI) ran in every case
-    let have = isas()
-        .iter()
-        .filter(|&&i| rp::has_mx_transposed_kernel(i))
-        .count();
-    assert_eq!(kernels, 24 * have);
+    assert_eq!(kernels, want);
     #[cfg(target_arch = "x86_64")]
-    assert!(have > 0 || !std::arch::is_x86_feature_detected!("avx2"));
+    assert!(want > 0 || !std::arch::is_x86_feature_detected!("avx2"));
 }
 
 /// mxfp4's eight-row kernel on a group, random and adversarial (every code, activations at

@@ -200,7 +200,7 @@ fn layout(a: &Tensor, b: &Tensor) -> Layout {
         // (repacked q4_K: the group rearranged for `qgemv_repack_k`'s mat-mat kernel)
         let group = if repacked(a) && a.dtype == DType::Q4K {
             super::qgemv_repack_k::transposed_bytes(k).max(8 * row)
-        } else if repacked(a) && a.dtype == DType::MXFP4 {
+        } else if repacked(a) && matches!(a.dtype, DType::MXFP4 | DType::Q4_0 | DType::IQ4NL) {
             super::qgemv_repack::mx_transposed_bytes(k).max(8 * row)
         } else {
             8 * row
@@ -563,21 +563,21 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         } else {
                             0
                         };
-                    // repacked q4_K and mxfp4: the group rearranged once for all its quads,
-                    // one row a lane (`qgemv_repack_k::transpose8`,
-                    // `qgemv_repack::mx_transpose8`; the same bits)
+                    // repacked q4_K, mxfp4 (and q4_0/iq4_nl on AVX-512 VNNI): the group
+                    // rearranged once for all its quads, one row a lane
+                    // (`qgemv_repack_k::transpose8`, `qgemv_repack::transpose8_on`; the same
+                    // bits)
                     let q4k = quads > 0
                         && repacked(a)
                         && a.dtype == DType::Q4K
                         && super::qgemv_repack_k::has_transposed_kernel(ctx.isa);
                     let mx = quads > 0
                         && repacked(a)
-                        && a.dtype == DType::MXFP4
-                        && super::qgemv_repack::has_mx_transposed_kernel(ctx.isa);
+                        && super::qgemv_repack::has_transposed_kernel(ctx.isa, a.dtype);
                     if q4k {
                         super::qgemv_repack_k::transpose8(g, k, scratch);
                     } else if mx {
-                        super::qgemv_repack::mx_transpose8_on(ctx.isa, g, k, scratch);
+                        super::qgemv_repack::transpose8_on(ctx.isa, a.dtype, g, k, scratch);
                     }
                     for j4 in 0..quads {
                         let xs: [&[u8]; 4] = std::array::from_fn(|c| qcol(4 * j4 + c));

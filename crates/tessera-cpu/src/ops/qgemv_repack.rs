@@ -351,12 +351,12 @@ pub fn vec_dot8x4(isa: Isa, t: DType, g: &[u8], x: [&[u8]; 4], k: usize) -> [[f3
     if t == DType::Q2K {
         return super::qgemv_repack_q2k::vec_dot8x4(isa, g, x, k);
     }
+    if has_transposed_kernel(isa, t) {
+        let mut tr = vec![0u8; mx_transposed_bytes(k)];
+        transpose8_on(isa, t, g, k, &mut tr);
+        return mxfp4_8x4_transposed(isa, &tr, x, k);
+    }
     if t == DType::MXFP4 {
-        if has_mx_transposed_kernel(isa) {
-            let mut tr = vec![0u8; mx_transposed_bytes(k)];
-            mx_transpose8_on(isa, g, k, &mut tr);
-            return mxfp4_8x4_transposed(isa, &tr, x, k);
-        }
         return mxfp4_rows8(isa, g, x, k);
     }
     #[cfg(target_arch = "x86_64")]
@@ -396,6 +396,24 @@ pub fn mx_transposed_bytes(k: usize) -> usize {
     k / 32 * MX_TBLOCK
 }
 
+/// Whether a mat-mat of `t` rows in `Repacked8` rearranges each group ([`transpose8_on`]) for
+/// [`mxfp4_8x4_transposed`]: mxfp4 on AVX-512 VNNI and AVX2, q4_0 and iq4_nl on AVX-512 VNNI
+/// (the AVX2 kernel sums values of at most 12 in magnitude in 16 bits). On the Zen 4, q4_0
+/// mat-mat 512 columns, one thread: 118-126 GFLOP/s with [`vec_dot8x4`]'s kernel (0.88-0.91×
+/// ggml's repack kernels), more this way (README).
+pub fn has_transposed_kernel(isa: Isa, t: DType) -> bool {
+    match t {
+        DType::MXFP4 => has_mx_transposed_kernel(isa),
+        DType::Q4_0 | DType::IQ4NL => {
+            #[cfg(target_arch = "x86_64")]
+            return super::qdot::avx2::uses_vnni(isa);
+            #[cfg(not(target_arch = "x86_64"))]
+            false
+        }
+        _ => false,
+    }
+}
+
 /// Whether [`mxfp4_8x4_transposed`] runs here (AVX-512 VNNI, AVX2); else mat-mat keeps
 /// [`vec_dot8x4`]'s scalar path on the group.
 pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
@@ -408,12 +426,25 @@ pub fn has_mx_transposed_kernel(isa: Isa) -> bool {
     }
 }
 
-/// The block count of [`mx_transpose8`]'s arguments, checked.
-fn mx_transpose_sizes(g: &[u8], k: usize, out: &[u8]) -> usize {
+/// Bytes of one block of an interleaved group of eight rows of `t` (q4_0, iq4_nl: eight f16
+/// scales then the rows' 16 nibble bytes; mxfp4: eight exponent bytes then the same).
+fn group_block(t: DType) -> usize {
+    if t == DType::MXFP4 {
+        MX_GBLOCK
+    } else {
+        8 * BLOCK
+    }
+}
+
+/// The block count of [`transpose8_on`]'s arguments, checked.
+fn mx_transpose_sizes(t: DType, g: &[u8], k: usize, out: &[u8]) -> usize {
     let nb = k / 32;
     assert!(
-        k.is_multiple_of(32) && g.len() >= nb * MX_GBLOCK && out.len() >= nb * MX_TBLOCK,
-        "repack mxfp4 transpose8: k={k}, a group of {} bytes, room for {}",
+        matches!(t, DType::Q4_0 | DType::IQ4NL | DType::MXFP4)
+            && k.is_multiple_of(32)
+            && g.len() >= nb * group_block(t)
+            && out.len() >= nb * MX_TBLOCK,
+        "repack {t} transpose8: k={k}, a group of {} bytes, room for {}",
         g.len(),
         out.len()
     );
@@ -431,43 +462,63 @@ pub fn mx_transpose8(g: &[u8], k: usize, out: &mut [u8]) {
 /// [`mx_transpose8`] with the SIMD of `isa` (AVX-512, AVX2, or the scalar definition): the
 /// same bytes on every one.
 pub fn mx_transpose8_on(isa: Isa, g: &[u8], k: usize, out: &mut [u8]) {
+    transpose8_on(isa, DType::MXFP4, g, k, out)
+}
+
+/// [`mx_transpose8`]'s layout for an interleaved group of eight rows of `t` (q4_0, iq4_nl or
+/// mxfp4: the block scale as f32, the f16 `d` of q4_0/iq4_nl or mxfp4's
+/// `GGML_E8M0_TO_FP32_HALF`, and the values n − 8, the iq4_nl codebook's or mxfp4's) with the
+/// SIMD of `isa` (AVX-512 for the three, AVX2 for mxfp4, or the scalar definition): the same
+/// bytes on every one.
+pub fn transpose8_on(isa: Isa, t: DType, g: &[u8], k: usize, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if super::qdot::avx2::uses_vnni(isa) {
-        let nb = mx_transpose_sizes(g, k, out);
+        let nb = mx_transpose_sizes(t, g, k, out);
         // SAFETY: the CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C (`uses_vnni`); g holds
         // nb blocks of eight rows and out nb transposed blocks (asserted above).
-        unsafe { avx512::mx_transpose8(g.as_ptr(), nb, out.as_mut_ptr()) };
+        unsafe { avx512::transpose8(t, g.as_ptr(), nb, out.as_mut_ptr()) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && super::qdot::avx2::available() {
-        let nb = mx_transpose_sizes(g, k, out);
+    if t == DType::MXFP4 && isa != Isa::Scalar && super::qdot::avx2::available() {
+        let nb = mx_transpose_sizes(t, g, k, out);
         // SAFETY: the CPU has AVX2, FMA and F16C (checked); g holds nb blocks of eight rows
         // and out nb transposed blocks (asserted by `mx_transpose_sizes`).
         unsafe { avx2::mx_transpose8(g.as_ptr(), nb, out.as_mut_ptr()) };
         return;
     }
     let _ = isa;
-    mx_transpose8_scalar(g, k, out);
+    transpose8_scalar(t, g, k, out);
 }
 
 /// [`mx_transpose8`] in scalar code: the definition of its layout (public for the tests,
 /// which check the SIMD version against it).
 pub fn mx_transpose8_scalar(g: &[u8], k: usize, out: &mut [u8]) {
-    let nb = mx_transpose_sizes(g, k, out);
+    transpose8_scalar(DType::MXFP4, g, k, out)
+}
+
+/// [`transpose8_on`]'s definition in scalar code, for `t` (q4_0, iq4_nl or mxfp4).
+pub fn transpose8_scalar(t: DType, g: &[u8], k: usize, out: &mut [u8]) {
+    let nb = mx_transpose_sizes(t, g, k, out);
+    let gblock = group_block(t);
+    let head = gblock - 128;
     for b in 0..nb {
         let o = &mut out[b * MX_TBLOCK..(b + 1) * MX_TBLOCK];
-        let blk = &g[b * MX_GBLOCK..(b + 1) * MX_GBLOCK];
+        let blk = &g[b * gblock..(b + 1) * gblock];
         for r in 0..8 {
-            let qs = &blk[8 + 16 * r..24 + 16 * r];
+            let qs = &blk[head + 16 * r..head + 16 + 16 * r];
             // element j < 16 is byte j's low nibble, element j + 16 its high nibble
             let v: [i8; 32] = std::array::from_fn(|j| {
                 let q = qs[j % 16];
-                KVALUES_FP4[if j < 16 { q & 15 } else { q >> 4 } as usize]
+                value(t, if j < 16 { q & 15 } else { q >> 4 }) as i8
             });
             let n = -128 * v.iter().map(|&a| a as i32).sum::<i32>();
+            let scale = match t {
+                DType::MXFP4 => e8m0_half(blk[r]),
+                _ => f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]])),
+            };
             for lane in [2 * r, 2 * r + 1] {
-                o[4 * lane..4 * lane + 4].copy_from_slice(&e8m0_half(blk[r]).to_le_bytes());
+                o[4 * lane..4 * lane + 4].copy_from_slice(&scale.to_le_bytes());
                 o[64 + 4 * lane..68 + 4 * lane].copy_from_slice(&n.to_le_bytes());
                 for s in 0..8 {
                     let at = 128 + 64 * s + 4 * lane;
@@ -561,8 +612,9 @@ impl MxColumns {
     }
 }
 
-/// [`vec_dot8x4`] of mxfp4 from eight rows in [`mx_transpose8`]'s layout (`t`): the same bits,
-/// ggml's repack arithmetic for each (row, column).
+/// [`vec_dot8x4`] from eight rows in [`mx_transpose8`]'s layout (`t`; [`transpose8_on`]'s
+/// for q4_0 and iq4_nl too, where [`has_transposed_kernel`] says so): the same bits, ggml's
+/// repack arithmetic for each (row, column).
 pub fn mxfp4_8x4_transposed(isa: Isa, t: &[u8], x: [&[u8]; 4], k: usize) -> [[f32; 8]; 4] {
     let nb = k / 32;
     assert!(
@@ -608,6 +660,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{BLOCK, KVALUES_IQ4NL, QBLOCK};
+    use tessera::DType;
 
     /// The constants of the kernels below.
     struct Consts {
@@ -817,13 +870,17 @@ mod avx512 {
     /// The CPU has AVX-512 F/BW/VL and VNNI, AVX2 and F16C; `nb` blocks of an interleaved
     /// group of eight rows at `g`; `nb * MX_TBLOCK` writable bytes at `out`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn mx_transpose8(g: *const u8, nb: usize, out: *mut u8) {
+    pub unsafe fn transpose8(t: DType, g: *const u8, nb: usize, out: *mut u8) {
         // SAFETY: every load lies inside the group, every store inside out (caller); the
         // target features above.
         unsafe {
-            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                super::KVALUES_FP4.as_ptr() as *const __m128i
-            ));
+            // the values of the sixteen codes
+            let mut values = [0i8; 16];
+            for (n, v) in values.iter_mut().enumerate() {
+                *v = super::value(t, n as u8) as i8;
+            }
+            let book = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr() as *const __m128i));
+            let (gblock, head) = (super::group_block(t), super::group_block(t) - 128);
             let m4 = _mm512_set1_epi8(15);
             let ones = _mm512_set1_epi8(1);
             let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -849,9 +906,9 @@ mod avx512 {
                 )
             });
             for b in 0..nb {
-                let gb = g.add(b * super::MX_GBLOCK);
+                let gb = g.add(b * gblock);
                 // rows 4h..4h + 4, row r's 16 bytes in 128-bit lane r % 4
-                let quads = |h: usize| _mm512_loadu_si512(gb.add(8 + 64 * h) as *const _);
+                let quads = |h: usize| _mm512_loadu_si512(gb.add(head + 64 * h) as *const _);
                 let (a, c) = (quads(0), quads(1));
                 let lo = |v: __m512i| _mm512_shuffle_epi8(book, _mm512_and_si512(v, m4));
                 let hi = |v: __m512i| {
@@ -868,7 +925,11 @@ mod avx512 {
                 }
                 let n = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
                 _mm512_storeu_si512(o.add(64) as *mut _, n);
-                let e = super::super::qgemv_0::e8m0_half_at(gb);
+                let e = if t == DType::MXFP4 {
+                    super::super::qgemv_0::e8m0_half_at(gb)
+                } else {
+                    _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i))
+                };
                 let e = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(e));
                 _mm512_storeu_ps(o as *mut f32, e);
             }
