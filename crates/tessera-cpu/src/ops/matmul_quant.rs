@@ -2369,6 +2369,19 @@ mod tests {
                             });
                         #[cfg(not(target_arch = "x86_64"))]
                         let without_vbmi: Option<[[f32; 8]; 2]> = None;
+                        // q5_K: the kernel for CPUs without GFNI too, on one that has it
+                        #[cfg(target_arch = "x86_64")]
+                        if t == DType::Q5K && eight_row_kernel(isa, t) {
+                            // SAFETY: as above; nb superblocks in every row and in x.
+                            let v = unsafe { crate::ops::qgemv_0::q5_k8_without_gfni(w8, &x, k) };
+                            for (r, (&v, &g)) in v.iter().zip(&got).enumerate() {
+                                assert!(
+                                    v.to_bits() == g.to_bits() || (v.is_nan() && g.is_nan()),
+                                    "q5_K nb {nb} case {case} row {r} {isa:?}: without GFNI {v} \
+                                     vs {g}"
+                                );
+                            }
+                        }
                         let mut scratch = vec![0u8; 8 * nb * ws];
                         let inter = group
                             .as_ref()

@@ -36,6 +36,40 @@ pub fn vbmi() -> bool {
     *VBMI.get_or_init(|| is_x86_feature_detected!("avx512vbmi"))
 }
 
+/// Whether this CPU has GFNI (asked once): q5_K's eight-row kernel then takes each code's
+/// fifth bit and the high nibbles with `vgf2p8affineqb`, a bit matrix applied to every byte.
+/// `TESSERA_NO_GFNI=1` says no whatever the CPU: the Bochs emulator that runs the AVX-512
+/// tests here (`dev/test-avx512.sh`) reports GFNI but returns the complement of every
+/// `vgf2p8affineqb` result (0xf5 for 0x0a; the Zen 4 gives Intel's definition).
+pub fn gfni() -> bool {
+    static GFNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GFNI.get_or_init(|| {
+        is_x86_feature_detected!("gfni")
+            && std::env::var("TESSERA_NO_GFNI").map_or(true, |v| v != "1")
+    })
+}
+
+/// [`vec_dot8`] of eight q5_K rows with the kernel for CPUs without GFNI, whatever this CPU
+/// has (for the tests: both forms against `vec_dot`).
+///
+/// # Safety
+/// As [`vec_dot8`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q5_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks behind every pointer).
+    unsafe { q4_k_rows::<true, false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+}
+
+/// `q4_k_rows` of q5_K with GFNI's bit matrices.
+///
+/// # Safety
+/// As `q4_k_rows`; the CPU has GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn q5_k_gfni(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    // SAFETY: forwarded.
+    unsafe { q4_k_rows::<true, true>(wp, xp, nb) }
+}
+
 /// [`vec_dot8`] of eight iq4_xs rows with the kernel for CPUs without VBMI, whatever this CPU
 /// has (for the tests: both forms against `vec_dot`).
 ///
@@ -109,8 +143,9 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsPlain(wp), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsPlain(wp), x.as_ptr(), k / 256),
-            DType::Q4K => q4_k_rows::<false>(wp, x.as_ptr(), k / 256),
-            DType::Q5K => q4_k_rows::<true>(wp, x.as_ptr(), k / 256),
+            DType::Q4K => q4_k_rows::<false, false>(wp, x.as_ptr(), k / 256),
+            DType::Q5K if gfni() => q5_k_gfni(wp, x.as_ptr(), k / 256),
+            DType::Q5K => q4_k_rows::<true, false>(wp, x.as_ptr(), k / 256),
             DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
@@ -1032,7 +1067,11 @@ unsafe fn lane_copies(v: __m512, j: usize) -> __m512 {
 /// Σ m·(pair sums), then `summs = fma(dmin_w·(−d_y), that, summs)`, added after
 /// `hsum_float_8`.
 #[inline(always)]
-unsafe fn q4_k_rows<const Q5: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
+    wp: [*const u8; 8],
+    xp: *const u8,
+    nb: usize,
+) -> [f32; 8] {
     let block: usize = if Q5 { 176 } else { 144 };
     const Q8K: usize = 292;
     // SAFETY: nb superblocks (144 bytes, q5_K's 176) behind every row and nb q8_K blocks
@@ -1082,8 +1121,8 @@ unsafe fn q4_k_rows<const Q5: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                 let s16 = _mm512_unpacklo_epi8(u, zero);
                 let k = Q4Consts { m4, y, s16, d: dd };
                 let quad = &wb[4 * h..4 * h + 4];
-                acc[2 * h] = q4_k_pair::<0, Q5>(&k, quad, 4 * h, acc[2 * h]);
-                acc[2 * h + 1] = q4_k_pair::<1, Q5>(&k, quad, 4 * h, acc[2 * h + 1]);
+                acc[2 * h] = q4_k_pair::<0, Q5, GF>(&k, quad, 4 * h, acc[2 * h]);
+                acc[2 * h + 1] = q4_k_pair::<1, Q5, GF>(&k, quad, 4 * h, acc[2 * h + 1]);
             }
         }
         let mut out = hsum_pairs(&acc);
@@ -1110,6 +1149,24 @@ unsafe fn q4_k_rows<const Q5: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
     }
 }
 
+/// The GF(2) matrix (for `vgf2p8affineqb`) that keeps bit `s` of a byte, at bit 4: row 4 of
+/// the matrix (its byte 3) selects input bit `s`, every other row is zero.
+const fn gf_bit(s: usize) -> i64 {
+    1i64 << (24 + s)
+}
+
+/// The GF(2) matrix that moves a byte's high nibble to its low nibble (output bit k, k < 4,
+/// from input bit k + 4: row k is the matrix's byte 7 − k), a shift by four within each byte.
+const GF_HIGH_NIBBLE: i64 = {
+    let mut m = 0u64;
+    let mut k = 0;
+    while k < 4 {
+        m |= (1u64 << (k + 4)) << (8 * (7 - k));
+        k += 1;
+    }
+    m as i64
+};
+
 /// What [`q4_k_pair`] shares within a quad of rows (see [`q4_k_rows`]).
 struct Q4Consts {
     m4: __m512i,
@@ -1126,7 +1183,7 @@ struct Q4Consts {
 /// l + 8 added (ggml's lane l), converted and fused-multiply-added with the row's d. `Q5`:
 /// q5_K superblocks, each code plus 16 where its fifth bit is set.
 #[inline(always)]
-unsafe fn q4_k_pair<const P: usize, const Q5: bool>(
+unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
     k: &Q4Consts,
     w: &[*const u8],
     r0: usize,
@@ -1150,12 +1207,36 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool>(
             let mut sum = [_mm512_setzero_si512(); 2];
             for (h, sum) in sum.iter_mut().enumerate() {
                 let z = _mm512_loadu_si512(q.add(64 * h) as *const _);
-                let lo = _mm512_and_si512(z, k.m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), k.m4);
-                for (n, code) in [lo, hi].into_iter().enumerate() {
+                let codes = if Q5 && GF {
+                    // each byte's fifth bit for sub-blocks 4h + n (lower half) and 4h + 2 + n
+                    // (upper) moved to its bit 4 alone, and the high nibbles moved down, by
+                    // GF(2) bit matrices (one per qword; `gf_bit`, `GF_HIGH_NIBBLE`)
+                    let b = |n: usize| {
+                        _mm512_gf2p8affine_epi64_epi8::<0>(
+                            qh,
+                            _mm512_inserti64x4::<1>(
+                                _mm512_set1_epi64(gf_bit(4 * h + n)),
+                                _mm256_set1_epi64x(gf_bit(4 * h + 2 + n)),
+                            ),
+                        )
+                    };
+                    let hi4 =
+                        _mm512_gf2p8affine_epi64_epi8::<0>(z, _mm512_set1_epi64(GF_HIGH_NIBBLE));
+                    // (z & 15) | b, and (z >> 4) | b
+                    [
+                        _mm512_ternarylogic_epi32::<0xF8>(b(0), z, k.m4),
+                        _mm512_or_si512(hi4, b(1)),
+                    ]
+                } else {
+                    [
+                        _mm512_and_si512(z, k.m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(z), k.m4),
+                    ]
+                };
+                for (n, code) in codes.into_iter().enumerate() {
                     let c = 2 * h + n;
                     // sub-blocks 4h + n (lower half) and 4h + 2 + n (upper): their bits
-                    let code = if Q5 {
+                    let code = if Q5 && !GF {
                         let bit = _mm512_inserti64x4::<1>(
                             _mm512_set1_epi8(1 << (4 * h + n)),
                             _mm256_set1_epi8(1 << (4 * h + 2 + n)),
