@@ -107,22 +107,28 @@ fn dot_pairs_scalar(s: &[i32; 8], wb: &[u8], xb: &[u8]) -> [i32; 4] {
     })
 }
 
-/// One block's steps into `(acc, accm)`: four (`quad`) or one.
+/// One superblock of ggml's two-accumulator repack rounding (q4_K, q2_K) into `(acc, accm)`:
+/// its `N` exact integer sums of `scale · dot` (`dots`) and of `min · bsum` (`mins`), each
+/// times `d · dx` and `dmin · dx` (`d`, `dmin` the block's f16 pair at `wb[dm..dm + 4]`, `dx`
+/// the q8_K block's f32 scale), in `N` FMAs each (`quad`: the four-column kernel) or in one of
+/// their sums (the one-column kernel).
 #[inline(always)]
-fn steps(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn steps<const N: usize>(
     acc: &mut f32,
     accm: &mut f32,
     wb: &[u8],
+    dm: usize,
     xb: &[u8],
-    dots: [i32; 4],
-    mins: [i32; 4],
+    dots: [i32; N],
+    mins: [i32; N],
     quad: bool,
 ) {
     let dx = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-    let d = f16_to_f32(u16::from_le_bytes([wb[0], wb[1]])) * dx;
-    let dmin = f16_to_f32(u16::from_le_bytes([wb[2], wb[3]])) * dx;
+    let d = f16_to_f32(u16::from_le_bytes([wb[dm], wb[dm + 1]])) * dx;
+    let dmin = f16_to_f32(u16::from_le_bytes([wb[dm + 2], wb[dm + 3]])) * dx;
     if quad {
-        for h in 0..4 {
+        for h in 0..N {
             *acc = (dots[h] as f32).mul_add(d, *acc);
             *accm = (mins[h] as f32).mul_add(dmin, *accm);
         }
@@ -144,7 +150,16 @@ pub fn vec_dot_ref(w: &[u8], x: &[u8], k: usize, quad: bool) -> f32 {
     {
         let (s, m) = scales_mins(&wb[4..16]);
         let dots = dot_pairs_scalar(&s, wb, xb);
-        steps(&mut acc, &mut accm, wb, xb, dots, min_pairs(&m, xb), quad);
+        steps(
+            &mut acc,
+            &mut accm,
+            wb,
+            0,
+            xb,
+            dots,
+            min_pairs(&m, xb),
+            quad,
+        );
     }
     acc - accm
 }

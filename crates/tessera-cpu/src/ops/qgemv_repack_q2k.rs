@@ -35,8 +35,6 @@
 //! (README): mat-vec 1.0-1.1×, mat-mat about 1.25×. Tests: `tests/qgemv_repack.rs` (ggml's own
 //! results, and the kernels against [`vec_dot_ref`] on every ISA).
 
-use tessera_quants::f16_to_f32;
-
 use crate::simd::Isa;
 
 /// Bytes of one q2_K block: 16 scale bytes (scale in the low nibble, min in the high), 64
@@ -80,18 +78,7 @@ pub fn vec_dot_ref(w: &[u8], x: &[u8], k: usize, quad: bool) -> f32 {
         .take(k / 256)
     {
         let (dots, mins) = halves(wb, xb);
-        let dx = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-        let d = f16_to_f32(u16::from_le_bytes([wb[80], wb[81]])) * dx;
-        let dmin = f16_to_f32(u16::from_le_bytes([wb[82], wb[83]])) * dx;
-        if quad {
-            for h in 0..2 {
-                acc = (dots[h] as f32).mul_add(d, acc);
-                accm = (mins[h] as f32).mul_add(dmin, accm);
-            }
-        } else {
-            acc = ((dots[0] + dots[1]) as f32).mul_add(d, acc);
-            accm = ((mins[0] + mins[1]) as f32).mul_add(dmin, accm);
-        }
+        super::qgemv_repack_k::steps(&mut acc, &mut accm, wb, 80, xb, dots, mins, quad);
     }
     acc - accm
 }
