@@ -1055,10 +1055,14 @@ unsafe fn lane_copies(v: __m512, j: usize) -> __m512 {
 /// read 64 bytes at a time: the low nibbles of bytes 64h..64h+64 are sub-blocks 4h (lower
 /// half) and 4h + 2 (upper), the high nibbles 4h + 1 and 4h + 3; dword lane m of each holds
 /// elements 4m..4m+3 of a sub-block, ggml's lane m mod 8, so the two halves of a row's sums
-/// added are ggml's integers. The scales, one word per half, are applied and accumulated by
-/// `vpdpwssd`; the four rows of a quad have their scales and mins unpacked in one 512-bit pass
-/// of ggml's bit shuffle. With everything in L1 on Zen 4 a superblock of eight rows took
-/// 175-180 cycles with four rows' pieces gathered into each vector, 155-160 this way.
+/// added are ggml's integers. Each vector's four-product sums come from `vpdpbusd` (below
+/// 2^15 in magnitude: 4·31·128), two vectors' are made the words of one ([`PAIR_WORDS`]) and
+/// their scales applied and accumulated by one `vpdpwssd`; the four rows of a quad have their
+/// scales and mins unpacked in one 512-bit pass of ggml's bit shuffle. With everything in L1
+/// on Zen 4 a superblock of eight rows took 175-180 cycles with four rows' pieces gathered
+/// into each vector, 155-160 this way with `vpmaddubsw` and a `vpdpwssd` per vector; the word
+/// pairs took q4_K from 104-109 to 96-98 TSC cycles, q5_K from 130-131 to 123 (one
+/// multiply and one permute of the scales fewer per two vectors).
 ///
 /// With `Q5`, q5_K (176-byte superblocks: the same d, dmin and scales, then 32 bytes of fifth
 /// bits and the same 128 bytes of nibbles): element e of sub-block s takes bit s of byte e of
@@ -1079,6 +1083,7 @@ unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
     unsafe {
         let m4 = _mm512_set1_epi8(15);
         let zero = _mm512_setzero_si512();
+        let pair = _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _);
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut acc_m = [_mm512_setzero_ps(); 2];
         for i in 0..nb {
@@ -1119,7 +1124,14 @@ unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
                 };
                 *am = _mm512_fmadd_ps(spread::<2, 1>(dd, h as i32), _mm512_cvtepi32_ps(prod), *am);
                 let s16 = _mm512_unpacklo_epi8(u, zero);
-                let k = Q4Consts { m4, y, s16, d: dd };
+                let k = Q4Consts {
+                    m4,
+                    zero,
+                    pair,
+                    y,
+                    s16,
+                    d: dd,
+                };
                 let quad = &wb[4 * h..4 * h + 4];
                 acc[2 * h] = q4_k_pair::<0, Q5, GF>(&k, quad, 4 * h, acc[2 * h]);
                 acc[2 * h + 1] = q4_k_pair::<1, Q5, GF>(&k, quad, 4 * h, acc[2 * h + 1]);
@@ -1170,6 +1182,9 @@ const GF_HIGH_NIBBLE: i64 = {
 /// What [`q4_k_pair`] shares within a quad of rows (see [`q4_k_rows`]).
 struct Q4Consts {
     m4: __m512i,
+    zero: __m512i,
+    /// [`PAIR_WORDS`]
+    pair: __m512i,
     /// the activations of the four code vectors
     y: [__m512i; 4],
     /// the quad's scales as words: row j's eight at 8j
@@ -1204,8 +1219,8 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
             } else {
                 _mm512_setzero_si512()
             };
-            let mut sum = [_mm512_setzero_si512(); 2];
-            for (h, sum) in sum.iter_mut().enumerate() {
+            let mut sum = _mm512_setzero_si512();
+            for h in 0..2 {
                 let z = _mm512_loadu_si512(q.add(64 * h) as *const _);
                 let codes = if Q5 && GF {
                     // each byte's fifth bit for sub-blocks 4h + n (lower half) and 4h + 2 + n
@@ -1233,8 +1248,8 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
                         _mm512_and_si512(_mm512_srli_epi16::<4>(z), k.m4),
                     ]
                 };
-                for (n, code) in codes.into_iter().enumerate() {
-                    let c = 2 * h + n;
+                let dots: [__m512i; 2] = std::array::from_fn(|n| {
+                    let code = codes[n];
                     // sub-blocks 4h + n (lower half) and 4h + 2 + n (upper): their bits
                     let code = if Q5 && !GF {
                         let bit = _mm512_inserti64x4::<1>(
@@ -1246,13 +1261,16 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
                     } else {
                         code
                     };
-                    let pick = _mm512_loadu_si512(SCALE_PICK_Q4[j][c].as_ptr() as *const _);
-                    let scale = _mm512_permutexvar_epi16(pick, k.s16);
-                    let pairs = _mm512_maddubs_epi16(code, k.y[c]);
-                    *sum = dpwssd(*sum, pairs, scale);
-                }
+                    dpbusd(k.zero, code, k.y[2 * h + n])
+                });
+                // lanes m and m + 8 of both as the word pairs of dwords m and 8 + m, times
+                // the scales of sub-blocks 4h, 4h + 2 (dwords 0-7) and 4h + 1, 4h + 3 (8-15)
+                let words = _mm512_permutex2var_epi16(dots[0], k.pair, dots[1]);
+                let pick = _mm512_loadu_si512(SCALE_PAIR_Q4[j][h].as_ptr() as *const _);
+                let scale = _mm512_permutexvar_epi16(pick, k.s16);
+                sum = dpwssd(sum, words, scale);
             }
-            *s = _mm512_add_epi32(sum[0], sum[1]);
+            *s = sum;
         }
         let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(s[0], s[1]);
         let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(s[0], s[1]);
@@ -1265,38 +1283,64 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
     }
 }
 
-/// `vpermw` indices for q6_K: lane j of the c-th 64-element vector of a superblock takes its
-/// scale word 4c + j.
-static SCALE_PICK_Q6: [[u16; 32]; 4] = {
-    let mut t = [[0u16; 32]; 4];
-    let mut c = 0;
-    while c < 4 {
-        let mut w = 0;
-        while w < 32 {
-            t[c][w] = (4 * c + w / 8) as u16;
-            w += 1;
+/// `vpermw` indices for q6_K's half h2 as [`PAIR_WORDS`] pairs the sums of its vectors c = 2h2
+/// and 2h2 + 1 (a 64-element vector's 128-bit lane j takes scale word 4c + j): dword m (m < 8)
+/// scales 4c + m/4 and 4c + 2 + m/4 of c = 2h2, dword 8 + m the same of c = 2h2 + 1.
+static SCALE_PAIR_Q6: [[u16; 32]; 2] = {
+    let mut t = [[0u16; 32]; 2];
+    let mut h2 = 0;
+    while h2 < 2 {
+        let mut m = 0;
+        while m < 8 {
+            let (c0, c1) = (4 * (2 * h2) + m / 4, 4 * (2 * h2 + 1) + m / 4);
+            t[h2][2 * m] = c0 as u16;
+            t[h2][2 * m + 1] = (c0 + 2) as u16;
+            t[h2][16 + 2 * m] = c1 as u16;
+            t[h2][17 + 2 * m] = (c1 + 2) as u16;
+            m += 1;
         }
-        c += 1;
+        h2 += 1;
     }
     t
 };
 
-/// `vpermw` indices into a quad's scales (row j's eight words at 8j): for row j and the
-/// c-th vector of codes (c = 2h + high nibbles), sub-block 4h + (c & 1) in the lower half
-/// and 4h + 2 + (c & 1) in the upper.
-static SCALE_PICK_Q4: [[[u16; 32]; 4]; 4] = {
-    let mut t = [[[0u16; 32]; 4]; 4];
+/// `vpermt2w` indices that make word pairs of two vectors of dword sums `a` and `b` whose
+/// lanes m and m + 8 are one ggml lane (sums that fit in 16 bits): dword m of the result
+/// holds a's lanes m and m + 8 as its low and high word, dword 8 + m b's. One `vpdpwssd` then
+/// scales and adds both vectors' sums (two `vpdpbusd` and this, where `vpmaddubsw` and
+/// `vpdpwssd` for each took one more multiply and one more permute of the scales).
+static PAIR_WORDS: [u16; 32] = {
+    let mut t = [0u16; 32];
+    let mut m = 0;
+    while m < 8 {
+        t[2 * m] = (2 * m) as u16;
+        t[2 * m + 1] = (16 + 2 * m) as u16;
+        t[16 + 2 * m] = (32 + 2 * m) as u16;
+        t[17 + 2 * m] = (48 + 2 * m) as u16;
+        m += 1;
+    }
+    t
+};
+
+/// `vpermw` indices into a quad's scales (row j's eight words at 8j) for row j's half h as
+/// [`PAIR_WORDS`] pairs its sums: sub-blocks 4h (low words of dwords 0-7), 4h + 2 (their high
+/// words), 4h + 1 and 4h + 3 (dwords 8-15).
+static SCALE_PAIR_Q4: [[[u16; 32]; 2]; 4] = {
+    let mut t = [[[0u16; 32]; 2]; 4];
     let mut j = 0;
     while j < 4 {
-        let mut c = 0;
-        while c < 4 {
-            let mut w = 0;
-            while w < 32 {
-                let s = 4 * (c / 2) + c % 2 + 2 * (w / 16);
-                t[j][c][w] = (8 * j + s) as u16;
-                w += 1;
+        let mut h = 0;
+        while h < 2 {
+            let mut m = 0;
+            while m < 8 {
+                let s = 8 * j + 4 * h;
+                t[j][h][2 * m] = s as u16;
+                t[j][h][2 * m + 1] = (s + 2) as u16;
+                t[j][h][16 + 2 * m] = (s + 1) as u16;
+                t[j][h][17 + 2 * m] = (s + 3) as u16;
+                m += 1;
             }
-            c += 1;
+            h += 1;
         }
         j += 1;
     }
@@ -1361,8 +1405,11 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// into one vector): dword lane m of a 64-element vector holds elements 4m..4m+3, which ggml
 /// puts in lane m mod 8, so the two 256-bit halves of a row's sums added give ggml's lanes
 /// (the same integers; converted and accumulated as ggml does, the same bits). The scale is
-/// one word repeated across each 128-bit lane (one 16-element group), applied and
-/// accumulated by `vpdpwssd`. The earlier layout, 16 elements of four rows a vector, took two
+/// one word repeated across each 128-bit lane (one 16-element group); each vector's sums come
+/// from `vpdpbusd` (|4·63·128| < 2^15), two vectors' are made the words of one
+/// ([`PAIR_WORDS`]) and their scales applied and accumulated by one `vpdpwssd` (with
+/// everything in L1 on Zen 4, 124 TSC cycles an eight-row superblock with `vpmaddubsw` and
+/// a `vpdpwssd` per vector, 117 this way). The earlier layout, 16 elements of four rows a vector, took two
 /// loads, an insert and a shuffle for every 64 bytes: on Zen 4 an eight-row superblock with
 /// everything in L1 took 230-270 cycles that way, 185-210 this way (q6_K 4096² mat-vec, one
 /// thread: 0.94-0.96x ggml before, 1.09x after).
@@ -1380,10 +1427,8 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         // word shifts left by 4 | 2 and right by 0 | 2 bring them to bits 4-5
         let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
         let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
-        let mut pick = [_mm512_setzero_si512(); 4];
-        for (p, t) in pick.iter_mut().zip(&SCALE_PICK_Q6) {
-            *p = _mm512_loadu_si512(t.as_ptr() as *const _);
-        }
+        let pick = SCALE_PAIR_Q6.map(|t| _mm512_loadu_si512(t.as_ptr() as *const _));
+        let pair = _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _);
         let mut acc = [_mm512_setzero_ps(); 4];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
@@ -1405,6 +1450,7 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 shl,
                 shr,
                 pick,
+                pair,
                 y,
                 bs,
                 d,
@@ -1424,7 +1470,9 @@ struct Q6Consts {
     m30: __m512i,
     shl: __m512i,
     shr: __m512i,
-    pick: [__m512i; 4],
+    pick: [__m512i; 2],
+    /// [`PAIR_WORDS`]
+    pair: __m512i,
     /// the superblock's 256 activations, 64 a vector
     y: [__m512i; 4],
     /// its 16 group sums
@@ -1455,11 +1503,14 @@ unsafe fn q6_k_row(k: &Q6Consts, w: *const u8) -> __m512i {
             let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, k.shr), k.m30);
             let up = _mm512_srli_epi16::<4>(ql);
             let up = _mm512_ternarylogic_epi32::<0xEC>(up, hi, k.m4);
-            for (c, code) in [(2 * h2, lo), (2 * h2 + 1, up)] {
-                let scale = _mm512_permutexvar_epi16(k.pick[c], scz);
-                let pairs = _mm512_maddubs_epi16(code, k.y[c]);
-                *sum = dpwssd(*sum, pairs, scale);
-            }
+            let zero = _mm512_setzero_si512();
+            let dots = [
+                dpbusd(zero, lo, k.y[2 * h2]),
+                dpbusd(zero, up, k.y[2 * h2 + 1]),
+            ];
+            let words = _mm512_permutex2var_epi16(dots[0], k.pair, dots[1]);
+            let scale = _mm512_permutexvar_epi16(k.pick[h2], scz);
+            *sum = dpwssd(*sum, words, scale);
         }
         _mm512_add_epi32(sum[0], sum[1])
     }
@@ -1513,6 +1564,24 @@ unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     unsafe {
         std::arch::asm!(
             "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
+/// `acc + a·b` by unsigned × signed byte quads into dwords (`vpdpbusd`), as one instruction.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register arithmetic only; the CPU has AVX-512 VNNI (caller).
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {acc}, {a}, {b}",
             acc = inout(zmm_reg) acc,
             a = in(zmm_reg) a,
             b = in(zmm_reg) b,
