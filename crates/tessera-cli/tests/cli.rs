@@ -355,8 +355,9 @@ const LOGIT_CASES: [LogitCase; 4] = [
 /// for AVX2 without AVX-512 and AMX (as in `EXPECTED`), flash attention on, f16 KV cache,
 /// with its default CPU_REPACK buffer and with `use_extra_bufts = false`; one and two threads
 /// gave the same bits. Tessera must give each run's every bit, with and without `--repack`'s
-/// layout, at one and two threads; the no-repack bits with the plain rows and with the q4_0
-/// and mxfp4 matrices interleaved (`RowLayout::Interleaved8`, which only moves bytes).
+/// layout, at one and two threads; the no-repack bits with the plain rows and with every
+/// matrix whose type has the layout (q4_0, iq4_nl, mxfp4, q4_K, q6_K here) interleaved
+/// (`RowLayout::Interleaved8`, which only moves bytes).
 #[test]
 fn repack_gives_llama_cpps_default_logits() {
     let Some(model) = tessera_llm::fetch::model_for_tests() else {
@@ -403,9 +404,8 @@ fn repack_gives_llama_cpps_default_logits() {
             }
             if interleave {
                 m = m.with_interleaved_rows_where(|_| true).unwrap();
-                assert_eq!(
+                assert!(
                     m.interleaved_bytes() > 0,
-                    case.ftype != "Q4_K",
                     "{}: interleaved copies",
                     case.ftype
                 );

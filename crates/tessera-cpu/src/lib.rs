@@ -74,9 +74,15 @@ pub fn repacked_by_run(t: DType) -> bool {
 /// interleaved kernel is 1.24-1.28× the plain rows' with the matrix in L3 on Zen 4, and from
 /// memory, one thread, six runs pairing both layouts with the read bandwidth of the same run,
 /// 81-90 % of it (median 85 %) against the plain rows' 75-83 % (76.5 %), higher in every run
-/// (earlier sessions, on a noisier host, had measured it no faster).
+/// (earlier sessions, on a noisier host, had measured it no faster). q4_K and q5_K joined
+/// it later that day (their superblocks whole, one after the other: one stream instead of
+/// eight): one thread, six runs pairing both layouts, q4_K 82-94 % of the read bandwidth
+/// against the plain rows' 79-93 % (never lower in a run), q5_K 84-99 % against 77-87 %
+/// (6-13 points higher in every run). Not q6_K, which the same runs gave 78-92 % against the
+/// plain rows' 81-92 %, 0-6 points lower: it keeps its plain rows unless asked
+/// (`--interleave`).
 pub fn interleave_by_default(t: DType) -> bool {
-    simd::amd() && interleaved_kernel(t)
+    simd::amd() && interleaved_kernel(t) && t != DType::Q6K
 }
 
 impl CpuBackend {

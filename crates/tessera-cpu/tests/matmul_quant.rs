@@ -294,7 +294,9 @@ fn product_with_layout(
 /// eight-row group loop (the interleaved kernels on AVX-512 VNNI), more columns (and iq4_nl's
 /// from two on) through the packed paths with each chunk of rows de-interleaved;
 /// with a batch broadcasting the weights, and an odd last block for iq4_nl; iq4_xs (eight
-/// runs of 16 quant bytes a superblock) with whole superblocks. The reference reads
+/// runs of 16 quant bytes a superblock) and q4_K, q5_K, q6_K (whole superblocks one row after
+/// the other; from some columns on, ggml's tiled rounding of `qgemm_k`) with whole
+/// superblocks. The reference reads
 /// them as the plain rows, and `get_bytes` gives ggml's bytes back.
 #[test]
 fn interleaved_weights_give_the_plain_bits() {
@@ -306,8 +308,11 @@ fn interleaved_weights_give_the_plain_bits() {
         DType::IQ4NL,
         DType::MXFP4,
         DType::IQ4XS,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
     ] {
-        let shapes: &[(usize, usize, usize)] = if t == DType::IQ4XS {
+        let shapes: &[(usize, usize, usize)] = if t.block_size() == 256 {
             // whole 256-element superblocks
             &[
                 (256, 8, 1),
@@ -409,7 +414,10 @@ fn interleaved_weights_refuse_other_readers() {
     assert!(e.contains("12 rows"), "{e}");
     let a = g.new_tensor(DType::Q8_0, &[64, 16]).unwrap();
     let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
-    assert!(e.contains("q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs"), "{e}");
+    assert!(
+        e.contains("q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K"),
+        "{e}"
+    );
     let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();
     g.set_layout(a, Interleaved8).unwrap();
     let e = g.set_param(a).unwrap_err().to_string();

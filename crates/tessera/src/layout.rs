@@ -11,7 +11,10 @@
 //! iq4_xs 128, one run of eight rows' 16 bytes per 32-element sub-block). So a group's block
 //! `i` is one run of `8 × block bytes` (144 for q4_0, 1088 for iq4_xs), the eight scales in
 //! one load and four rows' quants in one 64-byte load, and the eight rows stream from memory
-//! as one sequential run. It is the idea of ggml's CPU
+//! as one sequential run. q4_K, q5_K and q6_K keep each superblock whole (their "head" is the
+//! whole block): a group's superblock `i` is the eight rows' superblocks `i` one after the
+//! other (1152, 1408 and 1680 bytes), read by the same kernels as the plain rows, one
+//! sequential stream instead of eight. It is the idea of ggml's CPU
 //! "repack" buffers (`block_q4_0x8`), with a simpler arrangement of the quants (kept as
 //! ggml's `qs`, byte for byte). The size is the plain size: only the order of the bytes
 //! changes.
@@ -75,7 +78,8 @@ pub fn reorders(layout: RowLayout, t: DType) -> bool {
     match layout {
         RowLayout::Plain => false,
         RowLayout::Interleaved8 => true,
-        RowLayout::Repacked8 => interleave_head(t).is_some(),
+        // (q4_K and q2_K take ggml's repack arithmetic on their plain rows)
+        RowLayout::Repacked8 => matches!(t, DType::Q4_0 | DType::IQ4NL | DType::MXFP4),
     }
 }
 
@@ -87,6 +91,8 @@ pub fn interleave_head(t: DType) -> Option<usize> {
         DType::Q4_0 | DType::IQ4NL => Some(2),
         DType::Q4_1 => Some(4),
         DType::IQ4XS => Some(8),
+        // whole superblocks: the group's superblock i is its eight rows' one after the other
+        DType::Q4K | DType::Q5K | DType::Q6K => Some(t.type_size()),
         _ => None,
     }
 }
@@ -136,6 +142,12 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
         (8, 136, false) => regroup_as::<8, 136, false>(row_bytes, src, out),
         (1, 17, true) => regroup_as::<1, 17, true>(row_bytes, src, out),
         (1, 17, false) => regroup_as::<1, 17, false>(row_bytes, src, out),
+        (144, 144, true) => regroup_as::<144, 144, true>(row_bytes, src, out),
+        (144, 144, false) => regroup_as::<144, 144, false>(row_bytes, src, out),
+        (176, 176, true) => regroup_as::<176, 176, true>(row_bytes, src, out),
+        (176, 176, false) => regroup_as::<176, 176, false>(row_bytes, src, out),
+        (210, 210, true) => regroup_as::<210, 210, true>(row_bytes, src, out),
+        (210, 210, false) => regroup_as::<210, 210, false>(row_bytes, src, out),
         _ => unreachable!("{t}: a head of {head} bytes in {block}-byte blocks"),
     }
     Ok(())
@@ -185,6 +197,9 @@ mod tests {
             (DType::IQ4NL, 5),
             (DType::IQ4XS, 2),
             (DType::MXFP4, 3),
+            (DType::Q4K, 3),
+            (DType::Q5K, 2),
+            (DType::Q6K, 2),
         ] {
             let block = t.type_size();
             let head = interleave_head(t).unwrap();
@@ -198,6 +213,12 @@ mod tests {
             let src = &plain[(8 * g + r) * row + i * block..][..block];
             let grp = &packed[8 * g * row + i * 8 * block..][..8 * block];
             assert_eq!(&grp[r * head..(r + 1) * head], &src[..head]);
+            // (q4_K, q5_K, q6_K: the whole superblock is the head)
+            assert_eq!(
+                head == block,
+                t.block_size() == 256 && t != DType::IQ4XS,
+                "{t}"
+            );
             // its quants 16 bytes at a time, each after the other rows' 16 before it
             for c in 0..(block - head) / 16 {
                 assert_eq!(

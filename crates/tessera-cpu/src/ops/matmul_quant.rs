@@ -2372,9 +2372,18 @@ mod tests {
                         // q5_K: the kernel for CPUs without GFNI too, on one that has it
                         #[cfg(target_arch = "x86_64")]
                         if t == DType::Q5K && eight_row_kernel(isa, t) {
-                            // SAFETY: as above; nb superblocks in every row and in x.
-                            let v = unsafe { crate::ops::qgemv_0::q5_k8_without_gfni(w8, &x, k) };
-                            for (r, (&v, &g)) in v.iter().zip(&got).enumerate() {
+                            let g = group.as_ref().expect("q5_K interleaves");
+                            // SAFETY: as above; nb superblocks in every row, the group and x.
+                            let v = unsafe {
+                                use crate::ops::qgemv_0 as q;
+                                [
+                                    q::q5_k8_without_gfni(w8, &x, k),
+                                    q::q5_k8_interleaved_without_gfni(g, &x, k),
+                                ]
+                            };
+                            for (r, (v, &g)) in
+                                v.iter().flatten().zip(got.iter().cycle()).enumerate()
+                            {
                                 assert!(
                                     v.to_bits() == g.to_bits() || (v.is_nan() && g.is_nan()),
                                     "q5_K nb {nb} case {case} row {r} {isa:?}: without GFNI {v} \

@@ -57,7 +57,18 @@ pub fn gfni() -> bool {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn q5_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
     // SAFETY: forwarded (k / 256 superblocks behind every pointer).
-    unsafe { q4_k_rows::<true, false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+    unsafe { q4_k_rows::<true, false, false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+}
+
+/// [`vec_dot8_interleaved`] of a group of eight q5_K rows with the kernel for CPUs without
+/// GFNI, whatever this CPU has (for the tests).
+///
+/// # Safety
+/// As [`vec_dot8_interleaved`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q5_k8_interleaved_without_gfni(g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks of the group at g).
+    unsafe { q4_k_rows::<true, false, true>(group_rows(g.as_ptr(), 176), x.as_ptr(), k / 256) }
 }
 
 /// `q4_k_rows` of q5_K with GFNI's bit matrices.
@@ -65,9 +76,15 @@ pub unsafe fn q5_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
 /// # Safety
 /// As `q4_k_rows`; the CPU has GFNI too.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
-unsafe fn q5_k_gfni(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+unsafe fn q5_k_gfni<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     // SAFETY: forwarded.
-    unsafe { q4_k_rows::<true, true>(wp, xp, nb) }
+    unsafe { q4_k_rows::<true, true, IL>(wp, xp, nb) }
+}
+
+/// The first superblocks of a group of eight interleaved rows whose superblocks are `block`
+/// bytes (q4_K, q5_K, q6_K: the group's superblock i is its eight rows' one after the other).
+fn group_rows(g: *const u8, block: usize) -> [*const u8; 8] {
+    std::array::from_fn(|r| g.wrapping_add(r * block))
 }
 
 /// [`vec_dot8`] of eight iq4_xs rows with the kernel for CPUs without VBMI, whatever this CPU
@@ -143,10 +160,10 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsPlain(wp), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsPlain(wp), x.as_ptr(), k / 256),
-            DType::Q4K => q4_k_rows::<false, false>(wp, x.as_ptr(), k / 256),
-            DType::Q5K if gfni() => q5_k_gfni(wp, x.as_ptr(), k / 256),
-            DType::Q5K => q4_k_rows::<true, false>(wp, x.as_ptr(), k / 256),
-            DType::Q6K => q6_k_rows(wp, x.as_ptr(), k / 256),
+            DType::Q4K => q4_k_rows::<false, false, false>(wp, x.as_ptr(), k / 256),
+            DType::Q5K if gfni() => q5_k_gfni::<false>(wp, x.as_ptr(), k / 256),
+            DType::Q5K => q4_k_rows::<true, false, false>(wp, x.as_ptr(), k / 256),
+            DType::Q6K => q6_k_rows::<false>(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -181,6 +198,10 @@ pub unsafe fn vec_dot8_interleaved(t: DType, g: &[u8], x: &[u8], k: usize) -> [f
             DType::Q4_1 => q4_1_rows(Interleaved::<20, 4>(p, pf), x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsGroup(p, pf), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsGroup(p, pf), x.as_ptr(), k / 256),
+            DType::Q4K => q4_k_rows::<false, false, true>(group_rows(p, 144), x.as_ptr(), k / 256),
+            DType::Q5K if gfni() => q5_k_gfni::<true>(group_rows(p, 176), x.as_ptr(), k / 256),
+            DType::Q5K => q4_k_rows::<true, false, true>(group_rows(p, 176), x.as_ptr(), k / 256),
+            DType::Q6K => q6_k_rows::<true>(group_rows(p, 210), x.as_ptr(), k / 256),
             _ => unreachable!("no interleaved eight-row kernel for {t}"),
         }
     }
@@ -791,6 +812,21 @@ unsafe fn prefetch_superblocks<const LINES: usize, const N: usize>(rows: [*const
     }
 }
 
+/// Prefetches into L2 the lines of the `bytes` bytes [`interleaved_prefetch`] bytes ahead of
+/// `p` (two rows' superblocks of an interleaved group: the group is one sequential stream).
+#[inline(always)]
+unsafe fn prefetch_run(p: *const u8, bytes: usize) {
+    let p = p.wrapping_add(interleaved_prefetch());
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch(p.wrapping_add(off) as *const i8, _MM_HINT_T1) };
+        off += 64;
+    }
+    // SAFETY: as above (the last line, where the run does not start on one).
+    unsafe { _mm_prefetch(p.wrapping_add(bytes - 1) as *const i8, _MM_HINT_T1) };
+}
+
 /// A superblock's exact per-lane sums `sum` ([quad][lanes 0-3, lanes 4-7]) into the
 /// accumulators, `fma(d_w·d_y, sum, acc)` per lane as ggml's kernels do; the eight rows' scale
 /// products are lanes `STEP·r` of `d`.
@@ -1071,7 +1107,7 @@ unsafe fn lane_copies(v: __m512, j: usize) -> __m512 {
 /// Σ m·(pair sums), then `summs = fma(dmin_w·(−d_y), that, summs)`, added after
 /// `hsum_float_8`.
 #[inline(always)]
-unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
+unsafe fn q4_k_rows<const Q5: bool, const GF: bool, const IL: bool>(
     wp: [*const u8; 8],
     xp: *const u8,
     nb: usize,
@@ -1088,7 +1124,9 @@ unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
         let mut acc_m = [_mm512_setzero_ps(); 2];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
-            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * block));
+            // (interleaved: the group's superblock i is its eight rows' one after the other)
+            let step = if IL { 8 * block } else { block };
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * step));
             // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
             let dm = halves_pairs8(&wb);
             let yd = f32_at(xb);
@@ -1133,8 +1171,8 @@ unsafe fn q4_k_rows<const Q5: bool, const GF: bool>(
                     d: dd,
                 };
                 let quad = &wb[4 * h..4 * h + 4];
-                acc[2 * h] = q4_k_pair::<0, Q5, GF>(&k, quad, 4 * h, acc[2 * h]);
-                acc[2 * h + 1] = q4_k_pair::<1, Q5, GF>(&k, quad, 4 * h, acc[2 * h + 1]);
+                acc[2 * h] = q4_k_pair::<0, Q5, GF, IL>(&k, quad, 4 * h, acc[2 * h]);
+                acc[2 * h + 1] = q4_k_pair::<1, Q5, GF, IL>(&k, quad, 4 * h, acc[2 * h + 1]);
             }
         }
         let mut out = hsum_pairs(&acc);
@@ -1198,7 +1236,7 @@ struct Q4Consts {
 /// l + 8 added (ggml's lane l), converted and fused-multiply-added with the row's d. `Q5`:
 /// q5_K superblocks, each code plus 16 where its fifth bit is set.
 #[inline(always)]
-unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
+unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool, const IL: bool>(
     k: &Q4Consts,
     w: &[*const u8],
     r0: usize,
@@ -1207,7 +1245,11 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
     // SAFETY: a superblock (144 bytes, q5_K's 176) behind w[2P] and w[2P + 1] (caller); the
     // table is 64 bytes a vector; prefetches never fault.
     unsafe {
-        prefetch_superblocks::<3, 2>([w[2 * P], w[2 * P + 1]]);
+        if IL {
+            prefetch_run(w[2 * P], if Q5 { 2 * 176 } else { 2 * 144 });
+        } else {
+            prefetch_superblocks::<3, 2>([w[2 * P], w[2 * P + 1]]);
+        }
         let mut s = [_mm512_setzero_si512(); 2];
         for (t, s) in s.iter_mut().enumerate() {
             let j = 2 * P + t;
@@ -1220,7 +1262,7 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
                 _mm512_setzero_si512()
             };
             let mut sum = _mm512_setzero_si512();
-            for h in 0..2 {
+            for (h, pick) in SCALE_PAIR_Q4[j].iter().enumerate() {
                 let z = _mm512_loadu_si512(q.add(64 * h) as *const _);
                 let codes = if Q5 && GF {
                     // each byte's fifth bit for sub-blocks 4h + n (lower half) and 4h + 2 + n
@@ -1266,7 +1308,7 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool>(
                 // lanes m and m + 8 of both as the word pairs of dwords m and 8 + m, times
                 // the scales of sub-blocks 4h, 4h + 2 (dwords 0-7) and 4h + 1, 4h + 3 (8-15)
                 let words = _mm512_permutex2var_epi16(dots[0], k.pair, dots[1]);
-                let pick = _mm512_loadu_si512(SCALE_PAIR_Q4[j][h].as_ptr() as *const _);
+                let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
                 let scale = _mm512_permutexvar_epi16(pick, k.s16);
                 sum = dpwssd(sum, words, scale);
             }
@@ -1414,7 +1456,7 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// everything in L1 took 230-270 cycles that way, 185-210 this way (q6_K 4096² mat-vec, one
 /// thread: 0.94-0.96x ggml before, 1.09x after).
 #[inline(always)]
-unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+unsafe fn q6_k_rows<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     const BLOCK: usize = 210;
     const Q8K: usize = 292;
     // SAFETY: nb 210-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
@@ -1432,7 +1474,8 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
         let mut acc = [_mm512_setzero_ps(); 4];
         for i in 0..nb {
             let xb = xp.add(i * Q8K);
-            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            let step = if IL { 8 * BLOCK } else { BLOCK };
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * step));
             // ggml's d = d_y·d_w per row
             let d = _mm256_mul_ps(_mm256_set1_ps(f32_at(xb)), halves8(&wb, 208));
             let d = _mm512_castps256_ps512(d);
@@ -1455,10 +1498,10 @@ unsafe fn q6_k_rows(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
                 bs,
                 d,
             };
-            acc[0] = q6_k_pair::<0>(&k, &wb, acc[0]);
-            acc[1] = q6_k_pair::<1>(&k, &wb, acc[1]);
-            acc[2] = q6_k_pair::<2>(&k, &wb, acc[2]);
-            acc[3] = q6_k_pair::<3>(&k, &wb, acc[3]);
+            acc[0] = q6_k_pair::<0, IL>(&k, &wb, acc[0]);
+            acc[1] = q6_k_pair::<1, IL>(&k, &wb, acc[1]);
+            acc[2] = q6_k_pair::<2, IL>(&k, &wb, acc[2]);
+            acc[3] = q6_k_pair::<3, IL>(&k, &wb, acc[3]);
         }
         hsum_pairs(&acc)
     }
@@ -1520,10 +1563,18 @@ unsafe fn q6_k_row(k: &Q6Consts, w: *const u8) -> __m512i {
 /// lane l + lane l + 8 of each row's sums, converted and fused-multiply-added with the row's
 /// d.
 #[inline(always)]
-unsafe fn q6_k_pair<const P: usize>(k: &Q6Consts, wb: &[*const u8; 8], acc: __m512) -> __m512 {
+unsafe fn q6_k_pair<const P: usize, const IL: bool>(
+    k: &Q6Consts,
+    wb: &[*const u8; 8],
+    acc: __m512,
+) -> __m512 {
     // SAFETY: a 210-byte superblock behind every row (caller); prefetches never fault.
     unsafe {
-        prefetch_superblocks::<4, 2>([wb[2 * P], wb[2 * P + 1]]);
+        if IL {
+            prefetch_run(wb[2 * P], 2 * 210);
+        } else {
+            prefetch_superblocks::<4, 2>([wb[2 * P], wb[2 * P + 1]]);
+        }
         let s0 = q6_k_row(k, wb[2 * P]);
         let s1 = q6_k_row(k, wb[2 * P + 1]);
         let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(s0, s1);

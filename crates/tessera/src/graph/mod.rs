@@ -201,7 +201,9 @@ impl Graph {
                 && crate::layout::interleave_head(t.dtype).is_none()
             {
                 Some(
-                    "only q4_0, q4_1, iq4_nl, mxfp4 and iq4_xs rows can be interleaved".to_string(),
+                    "only q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K rows can be \
+                     interleaved"
+                        .to_string(),
                 )
             } else if !t.is_contiguous() {
                 Some("it is not contiguous".to_string())
