@@ -1138,8 +1138,9 @@ pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize
     [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
 }
 
-/// Whether `isa` has the eight-row kernels of interleaved rows of `t` (AVX-512 VNNI: q4_0,
-/// q4_1, iq4_nl; AVX2 and AVX-VNNI: q4_0, q4_1).
+/// Whether `isa` has the eight-row kernels of interleaved rows of `t` (AVX-512 VNNI: every
+/// type `tessera::layout` interleaves, q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K, q6_K;
+/// AVX2 and AVX-VNNI: q4_0, q4_1).
 pub fn interleaved_kernel(isa: Isa, t: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
