@@ -363,7 +363,8 @@ unsafe fn prefetch8(p: &[*const u8; 8]) {
     }
 }
 
-/// Where the eight rows' blocks of q4_0, q4_1, iq4_nl and mxfp4 are: eight separate rows
+/// Where the eight rows' blocks of q4_0, q4_1, iq4_nl and mxfp4 are (iq4_xs's and the K
+/// types' kernels find their groups their own way): eight separate rows
 /// ([`Apart`]) or one group of the interleaved layout ([`Interleaved`], see
 /// `tessera::layout`). The kernels below take their bytes through it, so both give the same
 /// registers and so the same bits.

@@ -184,9 +184,9 @@ impl Graph {
     }
 
     /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
-    /// takes a contiguous q4_0, q4_1, iq4_nl, mxfp4 or iq4_xs leaf with a multiple of eight
-    /// rows that is not a param (the repacked one q4_0, iq4_nl, q4_K, mxfp4 or q2_K); planning
-    /// then checks that only `mul_mat` reads it, as its first operand.
+    /// takes a contiguous q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K or q6_K leaf with a
+    /// multiple of eight rows that is not a param (the repacked one q4_0, iq4_nl, q4_K, mxfp4
+    /// or q2_K); planning then checks that only `mul_mat` reads it, as its first operand.
     pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
         let t = self.tensor(id);
         if layout != RowLayout::Plain {
