@@ -19,7 +19,7 @@ pub struct Opts {
     pub only: Vec<String>,
     /// The quant section's types and (K, M) shapes (all of [`QUANT_TYPES`] / [`QUANT_SHAPES`]
     /// when empty), so that one cell can be timed alternately with another program; the types
-    /// also pick the bandwidth section's (those of [`BIG_MATVEC_TYPES`] among them).
+    /// also pick the bandwidth section's (without them, [`BIG_MATVEC_TYPES`]).
     pub types: Vec<DType>,
     pub shapes: Vec<(usize, usize)>,
     /// The quant section's weights with interleaved rows where the type and this CPU have
@@ -619,9 +619,12 @@ fn section_bandwidth(o: &Opts) {
         let cpu = CpuBackend::new(th);
         // each type with ggml's rows, then those with an interleaved layout that this CPU
         // has the eight-row kernels for with their rows interleaved (`tessera::layout`)
-        let types = BIG_MATVEC_TYPES
-            .iter()
-            .filter(|t| o.types.is_empty() || o.types.contains(t));
+        let types = if o.types.is_empty() {
+            &BIG_MATVEC_TYPES[..]
+        } else {
+            &o.types[..]
+        }
+        .iter();
         let cases = types
             .clone()
             .map(|&t| (t, tessera::RowLayout::Plain))

@@ -40,14 +40,15 @@ pub struct ModelArgs {
     #[arg(long = "lora-scale", default_value_t = 1.0)]
     pub lora_scale: f32,
     /// Keep every weight mapped from the file in ggml's layout. By default, on AMD CPUs with
-    /// AVX-512 VNNI, q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K and q5_K weights are copied once
-    /// into rows interleaved by eight, which their mat-vec streams faster there (see the
-    /// README).
+    /// AVX-512 VNNI, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K and q5_K weights are
+    /// copied once into rows interleaved by eight, which their mat-vec streams faster there
+    /// (see the README).
     #[arg(long = "no-interleave", conflicts_with = "interleave")]
     pub no_interleave: bool,
-    /// Interleave q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K weights by eight rows
-    /// on any CPU with AVX-512 VNNI, not only on AMD's, and q6_K's there too (on an Intel Ice
-    /// Lake core it made matrices in cache faster but decoding no faster; see the README).
+    /// Interleave q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K weights by
+    /// eight rows on any CPU with AVX-512 VNNI, not only on AMD's, and q6_K's there too (on an
+    /// Intel Ice Lake core it made matrices in cache faster but decoding no faster; see the
+    /// README).
     #[arg(long = "interleave")]
     pub interleave: bool,
     /// Compute q4_0, iq4_nl, q4_K and mxfp4 weights with the arithmetic of ggml's CPU repack

@@ -118,8 +118,8 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// The quant section's weight types, comma separated (q4_0, q8_0, q4_K, ..., or a float
-        /// type f32/f16/bf16; its seven when absent); also the bandwidth section's (of the same
-        /// seven: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, iq4_xs).
+        /// type f32/f16/bf16; its seven when absent); also the bandwidth section's (when
+        /// absent the same seven: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, iq4_xs).
         #[arg(long, value_delimiter = ',')]
         types: Vec<String>,
         /// The quant section's shapes K×M, comma separated (e.g. 576x1536; its three when

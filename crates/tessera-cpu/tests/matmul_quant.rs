@@ -305,6 +305,8 @@ fn interleaved_weights_give_the_plain_bits() {
     for t in [
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
         DType::IQ4NL,
         DType::MXFP4,
         DType::IQ4XS,
@@ -415,7 +417,7 @@ fn interleaved_weights_refuse_other_readers() {
     let a = g.new_tensor(DType::Q8_0, &[64, 16]).unwrap();
     let e = g.set_layout(a, Interleaved8).unwrap_err().to_string();
     assert!(
-        e.contains("q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K"),
+        e.contains("q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K"),
         "{e}"
     );
     let a = g.new_tensor(DType::Q4_0, &[64, 16]).unwrap();

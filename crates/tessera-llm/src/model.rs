@@ -248,9 +248,9 @@ impl Model {
     }
 
     /// Copies the weights that this CPU's eight-row mat-vec kernels read faster with their
-    /// rows interleaved (`tessera::layout`: q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and
-    /// q6_K on AVX-512 VNNI) into that layout, once; graphs built from now on read those
-    /// copies in their matrix products.
+    /// rows interleaved (`tessera::layout`: q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs,
+    /// q4_K, q5_K and q6_K on AVX-512 VNNI) into that layout, once; graphs built from now on
+    /// read those copies in their matrix products.
     /// Embedding tables (read by `get_rows`) stay mapped, and so does everything on other
     /// CPUs: then this changes nothing. The copies are heap memory, as ggml's CPU "repack"
     /// buffers are; the mapped pages they came from leave the resident set
@@ -323,8 +323,8 @@ impl Model {
     }
 
     /// [`Model::with_interleaved_rows`] for the weight types `pick` chooses (among those
-    /// `tessera::layout` interleaves: q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K;
-    /// e.g. all of them on any CPU, for tests).
+    /// `tessera::layout` interleaves: q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K
+    /// and q6_K; e.g. all of them on any CPU, for tests).
     pub fn with_interleaved_rows_where(self, pick: impl Fn(DType) -> bool) -> Result<Model> {
         self.with_copies_where(|t| tessera::layout::interleave_head(t).is_some() && pick(t))
     }

@@ -4,10 +4,10 @@
 //! [`RowLayout::Interleaved8`] is this crate's own layout (not a GGUF one; files and the
 //! reference always see ggml's rows): the rows go in groups of eight consecutive rows, and a
 //! group holds, for each block position `i` in turn, the eight rows' block heads (the scale
-//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`, mxfp4's exponent byte,
-//! iq4_xs's `d`, `scales_h` and `scales_l`), row 0's first, then the eight rows' quants 16
-//! bytes at a time: each row's first 16 bytes, row 0's first, then each row's next 16 (q4_0,
-//! q4_1, iq4_nl and mxfp4 have 16;
+//! fields: q4_0's and iq4_nl's f16 `d`, q4_1's f16 pair `d m`, q5_0's `d` and `qh`, q5_1's
+//! `d m` and `qh`, mxfp4's exponent byte, iq4_xs's `d`, `scales_h` and `scales_l`), row 0's
+//! first, then the eight rows' quants 16 bytes at a time: each row's first 16 bytes, row 0's
+//! first, then each row's next 16 (q4_0, q4_1, q5_0, q5_1, iq4_nl and mxfp4 have 16;
 //! iq4_xs 128, one run of eight rows' 16 bytes per 32-element sub-block). So a group's block
 //! `i` is one run of `8 × block bytes` (144 for q4_0, 1088 for iq4_xs), the eight scales in
 //! one load and four rows' quants in one 64-byte load, and the eight rows stream from memory
@@ -90,7 +90,9 @@ pub fn interleave_head(t: DType) -> Option<usize> {
         DType::MXFP4 => Some(1),
         DType::Q4_0 | DType::IQ4NL => Some(2),
         DType::Q4_1 => Some(4),
-        DType::IQ4XS => Some(8),
+        // d and qh; d, m and qh
+        DType::Q5_0 => Some(6),
+        DType::Q5_1 | DType::IQ4XS => Some(8),
         // whole superblocks: the group's superblock i is its eight rows' one after the other
         DType::Q4K | DType::Q5K | DType::Q6K => Some(t.type_size()),
         _ => None,
@@ -140,6 +142,10 @@ fn regroup(t: DType, row_bytes: usize, src: &[u8], out: &mut [u8], forward: bool
         (4, 20, false) => regroup_as::<4, 20, false>(row_bytes, src, out),
         (8, 136, true) => regroup_as::<8, 136, true>(row_bytes, src, out),
         (8, 136, false) => regroup_as::<8, 136, false>(row_bytes, src, out),
+        (6, 22, true) => regroup_as::<6, 22, true>(row_bytes, src, out),
+        (6, 22, false) => regroup_as::<6, 22, false>(row_bytes, src, out),
+        (8, 24, true) => regroup_as::<8, 24, true>(row_bytes, src, out),
+        (8, 24, false) => regroup_as::<8, 24, false>(row_bytes, src, out),
         (1, 17, true) => regroup_as::<1, 17, true>(row_bytes, src, out),
         (1, 17, false) => regroup_as::<1, 17, false>(row_bytes, src, out),
         (144, 144, true) => regroup_as::<144, 144, true>(row_bytes, src, out),
@@ -194,6 +200,8 @@ mod tests {
         for (t, nb) in [
             (DType::Q4_0, 3),
             (DType::Q4_1, 1),
+            (DType::Q5_0, 3),
+            (DType::Q5_1, 2),
             (DType::IQ4NL, 5),
             (DType::IQ4XS, 2),
             (DType::MXFP4, 3),

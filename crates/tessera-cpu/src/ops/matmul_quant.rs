@@ -1139,8 +1139,8 @@ pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize
 }
 
 /// Whether `isa` has the eight-row kernels of interleaved rows of `t` (AVX-512 VNNI: every
-/// type `tessera::layout` interleaves, q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K, q6_K;
-/// AVX2 and AVX-VNNI: q4_0, q4_1).
+/// type `tessera::layout` interleaves, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K,
+/// q5_K, q6_K; AVX2 and AVX-VNNI: q4_0, q4_1).
 pub fn interleaved_kernel(isa: Isa, t: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -814,19 +814,22 @@ mod avx2 {
         unsafe { unpack_parts(t, w, w.add(quants_at(t)), o, vnni) }
     }
 
-    /// Where q4_0's, q4_1's, q8_0's, iq4_nl's and mxfp4's quants start in their block (0 for the
-    /// others, whose blocks [`unpack_parts`] reads from `w` alone).
+    /// Where q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, iq4_nl's and mxfp4's quants start in their
+    /// block (0 for the others, whose blocks [`unpack_parts`] reads from `w` alone).
     pub fn quants_at(t: DType) -> usize {
         match t {
             DType::Q4_0 | DType::Q8_0 | DType::IQ4NL => 2,
             DType::Q4_1 => 4,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 8,
             DType::MXFP4 => 1,
             _ => 0,
         }
     }
 
-    /// [`unpack`] of a block whose head (its scales) is at `w` and, for q4_0, q4_1, q8_0,
-    /// iq4_nl and mxfp4, whose quants are at `qs` (elsewhere with interleaved rows).
+    /// [`unpack`] of a block whose head (its scales, and q5's `qh`) is at `w` and, for q4_0,
+    /// q4_1, q5_0, q5_1, q8_0, iq4_nl and mxfp4, whose quants are at `qs` (elsewhere with
+    /// interleaved rows).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn unpack_parts(t: DType, w: *const u8, qs: *const u8, o: &mut WBlock, vnni: bool) {
         // SAFETY: one block of t at w, its quants at qs (caller).
@@ -843,8 +846,8 @@ mod avx2 {
                     o.m = if t == DType::Q4_1 { f16(w.add(2)) } else { 0.0 };
                 }
                 DType::Q5_0 | DType::Q5_1 => {
-                    let (qh, off) = if t == DType::Q5_0 { (2, 6) } else { (4, 8) };
-                    let q = _mm_loadu_si128(w.add(off) as *const __m128i);
+                    let qh = if t == DType::Q5_0 { 2 } else { 4 };
+                    let q = _mm_loadu_si128(qs as *const __m128i);
                     let m4 = _mm_set1_epi8(15);
                     let lo = _mm_and_si128(q, m4);
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);

@@ -156,8 +156,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::IQ4NL => offset_rows::<true, false, _>(Apart::<18, 2>(wp), x.as_ptr(), nb),
             DType::MXFP4 => offset_rows::<true, true, _>(Apart::<17, 1>(wp), x.as_ptr(), nb),
             DType::Q4_1 => q4_1_rows(Apart::<20, 4>(wp), x.as_ptr(), nb),
-            DType::Q5_0 => q5_rows::<false, 22, 2>(wp, x.as_ptr(), nb),
-            DType::Q5_1 => q5_rows::<true, 24, 4>(wp, x.as_ptr(), nb),
+            DType::Q5_0 => q5_rows::<false, _>(Apart::<22, 6>(wp), x.as_ptr(), nb),
+            DType::Q5_1 => q5_rows::<true, _>(Apart::<24, 8>(wp), x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsPlain(wp), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsPlain(wp), x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows::<false, false, false>(wp, x.as_ptr(), k / 256),
@@ -196,6 +196,8 @@ pub unsafe fn vec_dot8_interleaved(t: DType, g: &[u8], x: &[u8], k: usize) -> [f
                 offset_rows::<true, true, _>(Interleaved::<17, 1>(p, pf), x.as_ptr(), nb)
             }
             DType::Q4_1 => q4_1_rows(Interleaved::<20, 4>(p, pf), x.as_ptr(), nb),
+            DType::Q5_0 => q5_rows::<false, _>(Interleaved::<22, 6>(p, pf), x.as_ptr(), nb),
+            DType::Q5_1 => q5_rows::<true, _>(Interleaved::<24, 8>(p, pf), x.as_ptr(), nb),
             DType::IQ4XS if vbmi() => iq4_xs_vbmi(XsGroup(p, pf), x.as_ptr(), k / 256),
             DType::IQ4XS => iq4_xs_rows::<false, _>(XsGroup(p, pf), x.as_ptr(), k / 256),
             DType::Q4K => q4_k_rows::<false, false, true>(group_rows(p, 144), x.as_ptr(), k / 256),
@@ -363,8 +365,8 @@ unsafe fn prefetch8(p: &[*const u8; 8]) {
     }
 }
 
-/// Where the eight rows' blocks of q4_0, q4_1, iq4_nl and mxfp4 are (iq4_xs's and the K
-/// types' kernels find their groups their own way): eight separate rows
+/// Where the eight rows' blocks of q4_0, q4_1, q5_0, q5_1, iq4_nl and mxfp4 are (iq4_xs's and
+/// the K types' kernels find their groups their own way): eight separate rows
 /// ([`Apart`]) or one group of the interleaved layout ([`Interleaved`], see
 /// `tessera::layout`). The kernels below take their bytes through it, so both give the same
 /// registers and so the same bits.
@@ -379,6 +381,9 @@ trait Rows8: Copy {
     unsafe fn dm8(self, i: usize) -> __m512;
     /// Block `i`'s 16 quant bytes of rows `4h + j` in 128-bit lane j.
     unsafe fn quad(self, i: usize, h: usize) -> __m512i;
+    /// Block `i`'s fifth bits (q5_0, q5_1: the little-endian u32 `qh` just before the 16 quant
+    /// bytes) of rows `4h..4h + 4`, `[qh_4h, qh_4h+1, qh_4h+2, qh_4h+3]` in every 128-bit lane.
+    unsafe fn qh4(self, i: usize, h: usize) -> __m512i;
     /// Block `i` of row `r` as ggml lays it out (copied into `buf` where it is not so).
     unsafe fn block(self, i: usize, r: usize, buf: &mut [u8; 32]) -> *const u8;
 }
@@ -427,6 +432,19 @@ impl<const BLOCK: usize, const QS: usize> Rows8 for Apart<BLOCK, QS> {
         unsafe { quad(&self.at(i), h, QS) }
     }
     #[inline(always)]
+    unsafe fn qh4(self, i: usize, h: usize) -> __m512i {
+        const { assert!(QS >= 4) };
+        let p = self.at(i);
+        // SAFETY: as for `d8`: `qh` is the four bytes before the quants.
+        unsafe {
+            let r = |j: usize| (p[4 * h + j].add(QS - 4) as *const u32).read_unaligned() as u64;
+            _mm512_broadcast_i32x4(_mm_set_epi64x(
+                (r(2) | r(3) << 32) as i64,
+                (r(0) | r(1) << 32) as i64,
+            ))
+        }
+    }
+    #[inline(always)]
     unsafe fn block(self, i: usize, r: usize, _: &mut [u8; 32]) -> *const u8 {
         self.0[r].wrapping_add(i * BLOCK)
     }
@@ -438,14 +456,15 @@ impl<const BLOCK: usize, const QS: usize> Rows8 for Apart<BLOCK, QS> {
 struct Interleaved<const BLOCK: usize, const HEAD: usize>(*const u8, usize);
 
 impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
-    /// Five lines (two blocks of the group) `self.1` bytes ahead into L2, or none where that
-    /// is 0 (see [`interleaved_prefetch`]).
+    /// The lines of two blocks of the group (five for the 17- to 20-byte blocks, six for
+    /// q5_0's and q5_1's) `self.1` bytes ahead into L2, or none where that is 0 (see
+    /// [`interleaved_prefetch`]).
     #[inline(always)]
     unsafe fn prefetch(self, i: usize) {
         if self.1 == 0 {
             return;
         }
-        for line in 0..5 {
+        for line in 0..(16 * BLOCK).div_ceil(64) {
             let p = self.0.wrapping_add(i * 8 * BLOCK + self.1 + 64 * line);
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
             unsafe { _mm_prefetch(p as *const i8, _MM_HINT_T1) };
@@ -453,11 +472,31 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
     }
     #[inline(always)]
     unsafe fn d8(self, i: usize) -> __m256 {
-        // (q4_0 and iq4_nl: the whole head is d; q4_1 takes its d m pairs through `dm8`,
-        // mxfp4 its exponents through `e8m0_8`)
-        debug_assert!(HEAD == 2);
-        // SAFETY: block i of the group exists (caller): its eight heads first.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(i * 8 * BLOCK) as *const __m128i)) }
+        // (q4_0 and iq4_nl: the whole head is d; q5_0: d then qh, six bytes; q4_1 and q5_1
+        // take their d m pairs through `dm8`, mxfp4 its exponents through `e8m0_8`)
+        debug_assert!(HEAD == 2 || HEAD == 6);
+        let g = self.0.wrapping_add(i * 8 * BLOCK);
+        // SAFETY: block i of the group exists (caller): its eight heads first (q5_0: 48 of
+        // the group block's 176 bytes, so 64 readable).
+        unsafe {
+            if HEAD == 6 {
+                // word 3r: row r's d
+                let pick = _mm512_setr_epi64(
+                    0x0009_0006_0003_0000,
+                    0x0015_0012_000f_000c,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                );
+                let w = _mm512_permutexvar_epi16(pick, _mm512_loadu_si512(g as *const _));
+                _mm256_cvtph_ps(_mm512_castsi512_si128(w))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(g as *const __m128i))
+            }
+        }
     }
     #[inline(always)]
     unsafe fn e8m0_8(self, i: usize) -> __m256 {
@@ -468,17 +507,52 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
     }
     #[inline(always)]
     unsafe fn dm8(self, i: usize) -> __m512 {
-        // SAFETY: as for `d8` (q4_1: eight 4-byte heads).
+        debug_assert!(HEAD == 4 || HEAD == 8);
+        let g = self.0.wrapping_add(i * 8 * BLOCK);
+        // SAFETY: as for `d8` (q4_1: eight 4-byte heads; q5_1: eight 8-byte heads, d m qh,
+        // the group block's first 64 of 192 bytes).
         unsafe {
-            _mm512_cvtph_ps(_mm256_loadu_si256(
-                self.0.add(i * 8 * BLOCK) as *const __m256i
-            ))
+            if HEAD == 8 {
+                // dwords 2r: row r's d m
+                let pick = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+                let w = _mm512_permutexvar_epi32(pick, _mm512_loadu_si512(g as *const _));
+                _mm512_cvtph_ps(_mm512_castsi512_si256(w))
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(g as *const __m256i))
+            }
         }
     }
     #[inline(always)]
     unsafe fn quad(self, i: usize, h: usize) -> __m512i {
         // SAFETY: as for `d8`: rows 4h..4h + 4's quants are 64 adjacent bytes.
         unsafe { _mm512_loadu_si512(self.0.add(i * 8 * BLOCK + 8 * HEAD + 64 * h) as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn qh4(self, i: usize, h: usize) -> __m512i {
+        debug_assert!(HEAD == 6 || HEAD == 8);
+        let g = self.0.wrapping_add(i * 8 * BLOCK);
+        // SAFETY: as for `d8` (the eight heads are the group block's first 48 or 64 bytes,
+        // and 64 are readable).
+        unsafe {
+            let heads = _mm512_loadu_si512(g as *const _);
+            if HEAD == 6 {
+                // row r's qh: words 3r + 1 and 3r + 2
+                let w = |j: i64| {
+                    let r = 4 * h as i64 + j;
+                    (3 * r + 1) | (3 * r + 2) << 16
+                };
+                let lane = (w(0) | w(1) << 32, w(2) | w(3) << 32);
+                let pick = _mm512_setr_epi64(
+                    lane.0, lane.1, lane.0, lane.1, lane.0, lane.1, lane.0, lane.1,
+                );
+                _mm512_permutexvar_epi16(pick, heads)
+            } else {
+                // row r's qh: dword 2r + 1
+                let r = 8 * h as i32;
+                let pick = _mm512_broadcast_i32x4(_mm_setr_epi32(r + 1, r + 3, r + 5, r + 7));
+                _mm512_permutexvar_epi32(pick, heads)
+            }
+        }
     }
     #[inline(always)]
     unsafe fn block(self, i: usize, r: usize, buf: &mut [u8; 32]) -> *const u8 {
@@ -661,20 +735,13 @@ unsafe fn q4_1_rows<S: Rows8>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
     }
 }
 
-/// The fifth bits of one block of rows `4h..4h + 4` (q5_0, q5_1: the little-endian u32 at
-/// byte `QH` of the block, bit e for element e) as byte masks in [`quad`]'s order: byte b of
-/// 128-bit lane j is element b (`.0`) and element 16 + b (`.1`) of row 4h + j.
+/// The fifth bits of one block of rows `4h..4h + 4` (q5_0, q5_1: `v`, their little-endian
+/// u32 `qh` as [`Rows8::qh4`] gives them, bit e for element e) as byte masks in [`quad`]'s
+/// order: byte b of 128-bit lane j is element b (`.0`) and element 16 + b (`.1`) of row 4h + j.
 #[inline(always)]
-unsafe fn fifth_bits<const QH: usize>(p: &[*const u8; 8], h: usize) -> (__mmask64, __mmask64) {
-    // SAFETY: four readable bytes at `p[4h + j] + QH` (caller); the rest is register
-    // arithmetic.
+unsafe fn fifth_bits(v: __m512i) -> (__mmask64, __mmask64) {
+    // SAFETY: register arithmetic only.
     unsafe {
-        let r = |j: usize| (p[4 * h + j].add(QH) as *const u32).read_unaligned() as u64;
-        // [qh_0 qh_1 qh_2 qh_3] in every 128-bit lane
-        let v = _mm512_broadcast_i32x4(_mm_set_epi64x(
-            (r(2) | r(3) << 32) as i64,
-            (r(0) | r(1) << 32) as i64,
-        ));
         // lane j, byte b: byte b / 8 (low half) or 2 + b / 8 (high half) of qh_j
         let pick = |hi: i64| {
             let lane = |j: i64| {
@@ -696,19 +763,14 @@ unsafe fn fifth_bits<const QH: usize>(p: &[*const u8; 8], h: usize) -> (__mmask6
 }
 
 /// q5_0 against q8_0 (`MIN` false: values u − 16, u = nibble + 16·fifth bit) or q5_1 against
-/// q8_1 (`MIN`: unsigned u with a min, as q4_1): blocks of `BLOCK` bytes, `qh` at byte `QH`
-/// and the 16 quant bytes after it. ggml's `vec_dot` builds each lane's u from the same bits
-/// and sums u·y (q5_0: (u − 16)·y, here Σu·y − 16·Σy, the same integer) exactly; the scale
-/// products, FMAs and final sums are q4_0's and q4_1's (see [`offset_rows`], [`q4_1_rows`]),
-/// so each result is bit-identical to `vec_dot`'s.
+/// q8_1 (`MIN`: unsigned u with a min, as q4_1), the eight rows' blocks from `src` (plain
+/// rows: `qh` and then the 16 quant bytes after the scales; interleaved, see
+/// `tessera::layout`). ggml's `vec_dot` builds each lane's u from the same bits and sums u·y
+/// (q5_0: (u − 16)·y, here Σu·y − 16·Σy, the same integer) exactly; the scale products, FMAs
+/// and final sums are q4_0's and q4_1's (see [`offset_rows`], [`q4_1_rows`]), so each result
+/// is bit-identical to `vec_dot`'s.
 #[inline(always)]
-unsafe fn q5_rows<const MIN: bool, const BLOCK: usize, const QH: usize>(
-    wp: [*const u8; 8],
-    xp: *const u8,
-    nb: usize,
-) -> [f32; 8] {
-    // (the quants, at QH + 4, through `quad` directly)
-    let src = Apart::<BLOCK, 0>(wp);
+unsafe fn q5_rows<const MIN: bool, S: Rows8>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
     let xsize = if MIN { 36 } else { 34 };
     let xqs = if MIN { 4 } else { 2 };
     // SAFETY: nb blocks of `BLOCK` bytes behind every row and nb q8_0 (q8_1) blocks behind
@@ -747,10 +809,9 @@ unsafe fn q5_rows<const MIN: bool, const BLOCK: usize, const QH: usize>(
                 // ggml's d = d_w·d_y per row
                 _mm512_castps256_ps512(_mm256_mul_ps(src.d8(i), _mm256_set1_ps(f16(xb))))
             };
-            let wb = src.at(i);
             for (h, a) in acc.iter_mut().enumerate() {
-                let z = quad(&wb, h, QH + 4);
-                let (klo, khi) = fifth_bits::<QH>(&wb, h);
+                let z = src.quad(i, h);
+                let (klo, khi) = fifth_bits(src.qh4(i, h));
                 let lo = _mm512_and_si512(z, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
                 let lo = _mm512_mask_add_epi8(lo, klo, lo, sixteen);

@@ -184,9 +184,10 @@ impl Graph {
     }
 
     /// Sets how a leaf's rows lie in memory (see [`crate::layout`]). The interleaved layout
-    /// takes a contiguous q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K or q6_K leaf with a
-    /// multiple of eight rows that is not a param (the repacked one q4_0, iq4_nl, q4_K, mxfp4
-    /// or q2_K); planning then checks that only `mul_mat` reads it, as its first operand.
+    /// takes a contiguous q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K or q6_K
+    /// leaf with a multiple of eight rows that is not a param (the repacked one q4_0, iq4_nl,
+    /// q4_K, mxfp4 or q2_K); planning then checks that only `mul_mat` reads it, as its first
+    /// operand.
     pub fn set_layout(&mut self, id: TensorId, layout: RowLayout) -> Result<()> {
         let t = self.tensor(id);
         if layout != RowLayout::Plain {
@@ -201,8 +202,8 @@ impl Graph {
                 && crate::layout::interleave_head(t.dtype).is_none()
             {
                 Some(
-                    "only q4_0, q4_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K rows can be \
-                     interleaved"
+                    "only q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K rows \
+                     can be interleaved"
                         .to_string(),
                 )
             } else if !t.is_contiguous() {
