@@ -481,16 +481,7 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
         unsafe {
             if HEAD == 6 {
                 // word 3r: row r's d
-                let pick = _mm512_setr_epi64(
-                    0x0009_0006_0003_0000,
-                    0x0015_0012_000f_000c,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                );
+                let pick = _mm512_zextsi128_si512(_mm_setr_epi16(0, 3, 6, 9, 12, 15, 18, 21));
                 let w = _mm512_permutexvar_epi16(pick, _mm512_loadu_si512(g as *const _));
                 _mm256_cvtph_ps(_mm512_castsi512_si128(w))
             } else {
@@ -514,7 +505,7 @@ impl<const BLOCK: usize, const HEAD: usize> Rows8 for Interleaved<BLOCK, HEAD> {
         unsafe {
             if HEAD == 8 {
                 // dwords 2r: row r's d m
-                let pick = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+                let pick = _mm512_zextsi256_si512(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
                 let w = _mm512_permutexvar_epi32(pick, _mm512_loadu_si512(g as *const _));
                 _mm512_cvtph_ps(_mm512_castsi512_si256(w))
             } else {
@@ -773,7 +764,7 @@ unsafe fn fifth_bits(v: __m512i) -> (__mmask64, __mmask64) {
 unsafe fn q5_rows<const MIN: bool, S: Rows8>(src: S, xp: *const u8, nb: usize) -> [f32; 8] {
     let xsize = if MIN { 36 } else { 34 };
     let xqs = if MIN { 4 } else { 2 };
-    // SAFETY: nb blocks of `BLOCK` bytes behind every row and nb q8_0 (q8_1) blocks behind
+    // SAFETY: nb blocks behind every row of `src` and nb q8_0 (q8_1) blocks behind
     // xp (caller); prefetches never fault.
     unsafe {
         let m4 = _mm512_set1_epi8(15);
