@@ -2370,24 +2370,31 @@ mod tests {
                             });
                         #[cfg(not(target_arch = "x86_64"))]
                         let without_vbmi: Option<[[f32; 8]; 2]> = None;
-                        // q5_K: the kernel for CPUs without GFNI too, on one that has it
+                        // q5_K, q6_K: the kernel for CPUs without GFNI too, on one that has it
                         #[cfg(target_arch = "x86_64")]
-                        if t == DType::Q5K && eight_row_kernel(isa, t) {
-                            let g = group.as_ref().expect("q5_K interleaves");
+                        if matches!(t, DType::Q5K | DType::Q6K) && eight_row_kernel(isa, t) {
+                            let g = group.as_ref().expect("q5_K and q6_K interleave");
                             // SAFETY: as above; nb superblocks in every row, the group and x.
                             let v = unsafe {
                                 use crate::ops::qgemv_0 as q;
-                                [
-                                    q::q5_k8_without_gfni(w8, &x, k),
-                                    q::q5_k8_interleaved_without_gfni(g, &x, k),
-                                ]
+                                if t == DType::Q5K {
+                                    [
+                                        q::q5_k8_without_gfni(w8, &x, k),
+                                        q::q5_k8_interleaved_without_gfni(g, &x, k),
+                                    ]
+                                } else {
+                                    [
+                                        q::q6_k8_without_gfni(w8, &x, k),
+                                        q::q6_k8_interleaved_without_gfni(g, &x, k),
+                                    ]
+                                }
                             };
                             for (r, (v, &g)) in
                                 v.iter().flatten().zip(got.iter().cycle()).enumerate()
                             {
                                 assert!(
                                     v.to_bits() == g.to_bits() || (v.is_nan() && g.is_nan()),
-                                    "q5_K nb {nb} case {case} row {r} {isa:?}: without GFNI {v} \
+                                    "{t} nb {nb} case {case} row {r} {isa:?}: without GFNI {v} \
                                      vs {g}"
                                 );
                             }

@@ -37,7 +37,8 @@ pub fn vbmi() -> bool {
 }
 
 /// Whether this CPU has GFNI (asked once): q5_K's eight-row kernel then takes each code's
-/// fifth bit and the high nibbles with `vgf2p8affineqb`, a bit matrix applied to every byte.
+/// fifth bit and the high nibbles with `vgf2p8affineqb`, a bit matrix applied to every byte,
+/// and q6_K's its two high bits.
 /// `TESSERA_NO_GFNI=1` says no whatever the CPU: the Bochs emulator that runs the AVX-512
 /// tests here (`dev/test-avx512.sh`) reports GFNI but returns the complement of every
 /// `vgf2p8affineqb` result (0xf5 for 0x0a; the Zen 4 gives Intel's definition).
@@ -71,6 +72,28 @@ pub unsafe fn q5_k8_interleaved_without_gfni(g: &[u8], x: &[u8], k: usize) -> [f
     unsafe { q4_k_rows::<true, false, true>(group_rows(g.as_ptr(), 176), x.as_ptr(), k / 256) }
 }
 
+/// [`vec_dot8`] of eight q6_K rows with the kernel for CPUs without GFNI, whatever this CPU
+/// has (for the tests: both forms against `vec_dot`).
+///
+/// # Safety
+/// As [`vec_dot8`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q6_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks behind every pointer).
+    unsafe { q6_k_rows::<false, false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+}
+
+/// [`vec_dot8_interleaved`] of a group of eight q6_K rows with the kernel for CPUs without
+/// GFNI, whatever this CPU has (for the tests).
+///
+/// # Safety
+/// As [`vec_dot8_interleaved`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q6_k8_interleaved_without_gfni(g: &[u8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks of the group at g).
+    unsafe { q6_k_rows::<true, false>(group_rows(g.as_ptr(), 210), x.as_ptr(), k / 256) }
+}
+
 /// `q4_k_rows` of q5_K with GFNI's bit matrices.
 ///
 /// # Safety
@@ -79,6 +102,16 @@ pub unsafe fn q5_k8_interleaved_without_gfni(g: &[u8], x: &[u8], k: usize) -> [f
 unsafe fn q5_k_gfni<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     // SAFETY: forwarded.
     unsafe { q4_k_rows::<true, true, IL>(wp, xp, nb) }
+}
+
+/// `q6_k_rows` with GFNI's bit matrices.
+///
+/// # Safety
+/// As `q6_k_rows`; the CPU has GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn q6_k_gfni<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    // SAFETY: forwarded.
+    unsafe { q6_k_rows::<IL, true>(wp, xp, nb) }
 }
 
 /// The first superblocks of a group of eight interleaved rows whose superblocks are `block`
@@ -163,7 +196,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q4K => q4_k_rows::<false, false, false>(wp, x.as_ptr(), k / 256),
             DType::Q5K if gfni() => q5_k_gfni::<false>(wp, x.as_ptr(), k / 256),
             DType::Q5K => q4_k_rows::<true, false, false>(wp, x.as_ptr(), k / 256),
-            DType::Q6K => q6_k_rows::<false>(wp, x.as_ptr(), k / 256),
+            DType::Q6K if gfni() => q6_k_gfni::<false>(wp, x.as_ptr(), k / 256),
+            DType::Q6K => q6_k_rows::<false, false>(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -203,7 +237,8 @@ pub unsafe fn vec_dot8_interleaved(t: DType, g: &[u8], x: &[u8], k: usize) -> [f
             DType::Q4K => q4_k_rows::<false, false, true>(group_rows(p, 144), x.as_ptr(), k / 256),
             DType::Q5K if gfni() => q5_k_gfni::<true>(group_rows(p, 176), x.as_ptr(), k / 256),
             DType::Q5K => q4_k_rows::<true, false, true>(group_rows(p, 176), x.as_ptr(), k / 256),
-            DType::Q6K => q6_k_rows::<true>(group_rows(p, 210), x.as_ptr(), k / 256),
+            DType::Q6K if gfni() => q6_k_gfni::<true>(group_rows(p, 210), x.as_ptr(), k / 256),
+            DType::Q6K => q6_k_rows::<true, false>(group_rows(p, 210), x.as_ptr(), k / 256),
             _ => unreachable!("no interleaved eight-row kernel for {t}"),
         }
     }
@@ -865,6 +900,28 @@ unsafe fn prefetch_superblocks<const LINES: usize, const N: usize>(rows: [*const
     }
 }
 
+/// How far ahead of each row's current superblock q6_K's eight-row kernel prefetches its plain
+/// rows, into L2, bytes. With that kernel at 95 cycles an eight-row superblock in L1 (it was
+/// 117), its mat-vec from memory took less of the bandwidth with [`PREFETCH`]'s 512 bytes into
+/// L1 than the slower kernel had (Zen 4, one thread, 256 MiB matrix, eight alternated rounds:
+/// median 20.7 GB/s against 21.6); 2-2.5 KiB into L2 gives 22.8 (1.5 KiB 21.5, 3 KiB 22.4, 4
+/// KiB 22.3; two threads the same as before within the host's noise).
+const Q6_PREFETCH_L2: usize = 2048;
+
+/// Prefetches into L2 `LINES` lines from `DIST` bytes ahead of each of `rows`' current
+/// superblock (never faults).
+#[inline(always)]
+unsafe fn prefetch_superblocks_l2<const DIST: usize, const LINES: usize, const N: usize>(
+    rows: [*const u8; N],
+) {
+    for r in rows {
+        for line in 0..LINES {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch(r.wrapping_add(DIST + 64 * line) as *const i8, _MM_HINT_T1) };
+        }
+    }
+}
+
 /// Prefetches into L2 the lines of the `bytes` bytes [`interleaved_prefetch`] bytes ahead of
 /// `p` (two rows' superblocks of an interleaved group: the group is one sequential stream).
 #[inline(always)]
@@ -1258,6 +1315,30 @@ const fn gf_bit(s: usize) -> i64 {
     1i64 << (24 + s)
 }
 
+/// The GF(2) matrix (output bit k from row k, the matrix's byte 7 − k) that takes bits `lo`,
+/// `lo + 1` of a byte to bits 4-5 and bits `up`, `up + 1` to bits 0-1, clearing bits 6-7
+/// (and 2-3).
+const fn gf_q6_bits(lo: usize, up: usize) -> i64 {
+    gf_matrix([1 << up, 1 << (up + 1), 0, 0, 1 << lo, 1 << (lo + 1), 0, 0])
+}
+
+/// The GF(2) matrix whose output bit k takes the input bits set in `rows[k]` (row k is the
+/// matrix's byte 7 − k).
+const fn gf_matrix(rows: [u64; 8]) -> i64 {
+    let mut m = 0u64;
+    let mut k = 0;
+    while k < 8 {
+        m |= rows[k] << (8 * (7 - k));
+        k += 1;
+    }
+    m as i64
+}
+
+/// The GF(2) matrix that makes a q6_K code from a byte holding the code's low four bits in
+/// its high nibble and its two high bits at bits 0-1: output bits 0-3 from input bits 4-7,
+/// 4-5 from 0-1, bits 6-7 clear.
+const GF_Q6_HIGH: i64 = gf_matrix([1 << 4, 1 << 5, 1 << 6, 1 << 7, 1, 2, 0, 0]);
+
 /// The GF(2) matrix that moves a byte's high nibble to its low nibble (output bit k, k < 4,
 /// from input bit k + 4: row k is the matrix's byte 7 − k), a shift by four within each byte.
 const GF_HIGH_NIBBLE: i64 = {
@@ -1504,12 +1585,19 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// from `vpdpbusd` (|4·63·128| < 2^15), two vectors' are made the words of one
 /// ([`PAIR_WORDS`]) and their scales applied and accumulated by one `vpdpwssd` (with
 /// everything in L1 on Zen 4, 124 TSC cycles an eight-row superblock with `vpmaddubsw` and
-/// a `vpdpwssd` per vector, 117 this way). The earlier layout, 16 elements of four rows a vector, took two
+/// a `vpdpwssd` per vector, 117 this way). Each row's superblock is one chain of `vpdpwssd`
+/// starting from the offset term (one add fewer; eight rows give the overlap), and with `GF`
+/// (the CPU has GFNI) the codes' two high bits are placed by `vgf2p8affineqb` bit matrices
+/// (four operations for a 128-element half where shifts and masks took five): 95 cycles. The earlier layout, 16 elements of four rows a vector, took two
 /// loads, an insert and a shuffle for every 64 bytes: on Zen 4 an eight-row superblock with
 /// everything in L1 took 230-270 cycles that way, 185-210 this way (q6_K 4096² mat-vec, one
 /// thread: 0.94-0.96x ggml before, 1.09x after).
 #[inline(always)]
-unsafe fn q6_k_rows<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+unsafe fn q6_k_rows<const IL: bool, const GF: bool>(
+    wp: [*const u8; 8],
+    xp: *const u8,
+    nb: usize,
+) -> [f32; 8] {
     const BLOCK: usize = 210;
     const Q8K: usize = 292;
     // SAFETY: nb 210-byte superblocks behind every row and nb q8_K blocks behind xp (caller);
@@ -1522,6 +1610,16 @@ unsafe fn q6_k_rows<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
         // word shifts left by 4 | 2 and right by 0 | 2 bring them to bits 4-5
         let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
         let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+        // with GFNI, one bit matrix that takes the low nibbles' two high bits (qh bits 0-1 |
+        // 2-3) to bits 4-5 and the high nibbles' (4-5 | 6-7) to bits 0-1, clearing bits 6-7;
+        // and one that turns (high nibble, two bits at 0-1) into a code
+        let gf = [
+            _mm512_inserti64x4::<1>(
+                _mm512_set1_epi64(gf_q6_bits(0, 4)),
+                _mm256_set1_epi64x(gf_q6_bits(2, 6)),
+            ),
+            _mm512_set1_epi64(GF_Q6_HIGH),
+        ];
         let pick = SCALE_PAIR_Q6.map(|t| _mm512_loadu_si512(t.as_ptr() as *const _));
         let pair = _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _);
         let mut acc = [_mm512_setzero_ps(); 4];
@@ -1538,23 +1636,24 @@ unsafe fn q6_k_rows<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                 _mm512_loadu_si512(xb.add(132) as *const _),
                 _mm512_loadu_si512(xb.add(196) as *const _),
             ];
-            let bs = load32(xb.add(260));
+            let bs = _mm256_sub_epi16(_mm256_setzero_si256(), load32(xb.add(260)));
             // two rows at a time (written out, so the accumulators stay in registers)
             let k = Q6Consts {
                 m4,
                 m30,
                 shl,
                 shr,
+                gf,
                 pick,
                 pair,
                 y,
                 bs,
                 d,
             };
-            acc[0] = q6_k_pair::<0, IL>(&k, &wb, acc[0]);
-            acc[1] = q6_k_pair::<1, IL>(&k, &wb, acc[1]);
-            acc[2] = q6_k_pair::<2, IL>(&k, &wb, acc[2]);
-            acc[3] = q6_k_pair::<3, IL>(&k, &wb, acc[3]);
+            acc[0] = q6_k_pair::<0, IL, GF>(&k, &wb, acc[0]);
+            acc[1] = q6_k_pair::<1, IL, GF>(&k, &wb, acc[1]);
+            acc[2] = q6_k_pair::<2, IL, GF>(&k, &wb, acc[2]);
+            acc[3] = q6_k_pair::<3, IL, GF>(&k, &wb, acc[3]);
         }
         hsum_pairs(&acc)
     }
@@ -1566,12 +1665,14 @@ struct Q6Consts {
     m30: __m512i,
     shl: __m512i,
     shr: __m512i,
+    /// GF(2) matrices taking the high bits of the low and the high nibbles' codes to bits 4-5
+    gf: [__m512i; 2],
     pick: [__m512i; 2],
     /// [`PAIR_WORDS`]
     pair: __m512i,
     /// the superblock's 256 activations, 64 a vector
     y: [__m512i; 4],
-    /// its 16 group sums
+    /// its 16 group sums, negated
     bs: __m256i,
     /// d_y·d_w of the eight rows in lanes 0-7
     d: __m512,
@@ -1580,25 +1681,36 @@ struct Q6Consts {
 /// One q6_K superblock of one row: its 16 dword lanes, whose lanes l and l + 8 added are
 /// ggml's lane l, the codes' offset −32·(sc_2l·bs_2l + sc_2l+1·bs_2l+1) included.
 #[inline(always)]
-unsafe fn q6_k_row(k: &Q6Consts, w: *const u8) -> __m512i {
+unsafe fn q6_k_row<const GF: bool>(k: &Q6Consts, w: *const u8) -> __m512i {
     // SAFETY: a 210-byte superblock at w (caller).
     unsafe {
         let scw = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(scw);
-        // the two halves of the superblock into two sums (two shorter dependency chains);
-        // the first starts from −32·(sc_2l·bs_2l + sc_2l+1·bs_2l+1) in lanes 0-7
-        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(k.bs, scw));
-        let off = _mm256_sub_epi32(_mm256_setzero_si256(), off);
-        let mut sum = [_mm512_castsi256_si512(off), _mm512_setzero_si512()];
-        for (h2, sum) in sum.iter_mut().enumerate() {
+        // the two halves of the superblock into one sum (eight rows in flight are enough
+        // overlap), which starts from −32·(sc_2l·bs_2l + sc_2l+1·bs_2l+1) in lanes 0-7: the
+        // negated group sums times the scales · 32 (|32·sc| ≤ 4096, so words)
+        let off = _mm256_madd_epi16(k.bs, _mm256_slli_epi16::<5>(scw));
+        let mut sum = _mm512_castsi256_si512(off);
+        for h2 in 0..2 {
             let ql = _mm512_loadu_si512(w.add(64 * h2) as *const _);
             let qh = _mm512_broadcast_i64x4(load32(w.add(128 + 32 * h2)));
-            // code = low four bits | two high bits << 4: (A & 15) | B
-            let hi = _mm512_and_si512(_mm512_sllv_epi16(qh, k.shl), k.m30);
-            let lo = _mm512_ternarylogic_epi32::<0xEC>(ql, hi, k.m4);
-            let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, k.shr), k.m30);
-            let up = _mm512_srli_epi16::<4>(ql);
-            let up = _mm512_ternarylogic_epi32::<0xEC>(up, hi, k.m4);
+            // code = low four bits | two high bits << 4
+            let (lo, up) = if GF {
+                // h: the low nibbles' high bits at 4-5, the high nibbles' at 0-1, 6-7 clear;
+                // lo = m4 ? ql : h; u = m4 ? h : ql, whose high nibble and bits 0-1 one more
+                // matrix rearranges into the code
+                let h = _mm512_gf2p8affine_epi64_epi8::<0>(qh, k.gf[0]);
+                let lo = _mm512_ternarylogic_epi32::<0xE4>(ql, h, k.m4);
+                let u = _mm512_ternarylogic_epi32::<0xE4>(h, ql, k.m4);
+                (lo, _mm512_gf2p8affine_epi64_epi8::<0>(u, k.gf[1]))
+            } else {
+                // (A & 15) | B
+                let hi = _mm512_and_si512(_mm512_sllv_epi16(qh, k.shl), k.m30);
+                let lo = _mm512_ternarylogic_epi32::<0xEC>(ql, hi, k.m4);
+                let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, k.shr), k.m30);
+                let up = _mm512_srli_epi16::<4>(ql);
+                (lo, _mm512_ternarylogic_epi32::<0xEC>(up, hi, k.m4))
+            };
             let zero = _mm512_setzero_si512();
             let dots = [
                 dpbusd(zero, lo, k.y[2 * h2]),
@@ -1606,9 +1718,9 @@ unsafe fn q6_k_row(k: &Q6Consts, w: *const u8) -> __m512i {
             ];
             let words = _mm512_permutex2var_epi16(dots[0], k.pair, dots[1]);
             let scale = _mm512_permutexvar_epi16(k.pick[h2], scz);
-            *sum = dpwssd(*sum, words, scale);
+            sum = dpwssd(sum, words, scale);
         }
-        _mm512_add_epi32(sum[0], sum[1])
+        sum
     }
 }
 
@@ -1616,7 +1728,7 @@ unsafe fn q6_k_row(k: &Q6Consts, w: *const u8) -> __m512i {
 /// lane l + lane l + 8 of each row's sums, converted and fused-multiply-added with the row's
 /// d.
 #[inline(always)]
-unsafe fn q6_k_pair<const P: usize, const IL: bool>(
+unsafe fn q6_k_pair<const P: usize, const IL: bool, const GF: bool>(
     k: &Q6Consts,
     wb: &[*const u8; 8],
     acc: __m512,
@@ -1626,10 +1738,10 @@ unsafe fn q6_k_pair<const P: usize, const IL: bool>(
         if IL {
             prefetch_run(wb[2 * P], 2 * 210);
         } else {
-            prefetch_superblocks::<4, 2>([wb[2 * P], wb[2 * P + 1]]);
+            prefetch_superblocks_l2::<Q6_PREFETCH_L2, 4, 2>([wb[2 * P], wb[2 * P + 1]]);
         }
-        let s0 = q6_k_row(k, wb[2 * P]);
-        let s1 = q6_k_row(k, wb[2 * P + 1]);
+        let s0 = q6_k_row::<GF>(k, wb[2 * P]);
+        let s1 = q6_k_row::<GF>(k, wb[2 * P + 1]);
         let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(s0, s1);
         let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(s0, s1);
         let sum = _mm512_add_epi32(lo, hi);
