@@ -901,11 +901,13 @@ unsafe fn prefetch_superblocks<const LINES: usize, const N: usize>(rows: [*const
 }
 
 /// How far ahead of each row's current superblock q6_K's eight-row kernel prefetches its plain
-/// rows, into L2, bytes. With that kernel at 95 cycles an eight-row superblock in L1 (it was
-/// 117), its mat-vec from memory took less of the bandwidth with [`PREFETCH`]'s 512 bytes into
-/// L1 than the slower kernel had (Zen 4, one thread, 256 MiB matrix, eight alternated rounds:
-/// median 20.7 GB/s against 21.6); 2-2.5 KiB into L2 gives 22.8 (1.5 KiB 21.5, 3 KiB 22.4, 4
-/// KiB 22.3; two threads the same as before within the host's noise).
+/// rows, into L2, bytes. With the GFNI kernel (then one chain of sums per row, 96 cycles an
+/// eight-row superblock in L1 against 117 before) the mat-vec from memory took less of the
+/// bandwidth with [`PREFETCH`]'s 512 bytes into L1 than the older kernel had (Zen 4, one
+/// thread, 256 MiB matrix, eight alternated rounds: median 20.7 GB/s against 21.6); into L2
+/// 2-2.5 KiB ahead gave 22.8 (1.5 KiB 21.5, 3 KiB 22.4, 4 KiB 22.3; two threads the same as
+/// before within the host's noise). The kernel as it stands (two chains, 101 cycles) with
+/// this prefetch: 22.9 against the older kernel's 22.0.
 const Q6_PREFETCH_L2: usize = 2048;
 
 /// Prefetches into L2 `LINES` lines from `DIST` bytes ahead of each of `rows`' current
@@ -1585,10 +1587,10 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// from `vpdpbusd` (|4·63·128| < 2^15), two vectors' are made the words of one
 /// ([`PAIR_WORDS`]) and their scales applied and accumulated by one `vpdpwssd` (with
 /// everything in L1 on Zen 4, 124 TSC cycles an eight-row superblock with `vpmaddubsw` and
-/// a `vpdpwssd` per vector, 117 this way). Each row's superblock is one chain of `vpdpwssd`
-/// starting from the offset term (one add fewer; eight rows give the overlap), and with `GF`
-/// (the CPU has GFNI) the codes' two high bits are placed by `vgf2p8affineqb` bit matrices
-/// (four operations for a 128-element half where shifts and masks took five): 95 cycles. The earlier layout, 16 elements of four rows a vector, took two
+/// a `vpdpwssd` per vector, 117 this way). With `GF` (the CPU has GFNI) the codes' two high
+/// bits are placed by `vgf2p8affineqb` bit matrices (four operations for a 128-element half
+/// where shifts and masks took five), and the offset term takes two operations instead of
+/// three: 101 cycles. The earlier layout, 16 elements of four rows a vector, took two
 /// loads, an insert and a shuffle for every 64 bytes: on Zen 4 an eight-row superblock with
 /// everything in L1 took 230-270 cycles that way, 185-210 this way (q6_K 4096² mat-vec, one
 /// thread: 0.94-0.96x ggml before, 1.09x after).
@@ -1686,12 +1688,15 @@ unsafe fn q6_k_row<const GF: bool>(k: &Q6Consts, w: *const u8) -> __m512i {
     unsafe {
         let scw = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(scw);
-        // the two halves of the superblock into one sum (eight rows in flight are enough
-        // overlap), which starts from −32·(sc_2l·bs_2l + sc_2l+1·bs_2l+1) in lanes 0-7: the
-        // negated group sums times the scales · 32 (|32·sc| ≤ 4096, so words)
+        // the two halves of the superblock into two sums, the first starting from
+        // −32·(sc_2l·bs_2l + sc_2l+1·bs_2l+1) in lanes 0-7: the negated group sums times the
+        // scales · 32 (|32·sc| ≤ 4096, so words). (One chain through both halves took 96
+        // cycles in L1 instead of 101, but from memory its mat-vec was slower: 256 MiB, one
+        // thread, eight alternated rounds, medians 22.3 GB/s plain and 19.3 interleaved
+        // against 22.9 and 21.6.)
         let off = _mm256_madd_epi16(k.bs, _mm256_slli_epi16::<5>(scw));
-        let mut sum = _mm512_castsi256_si512(off);
-        for h2 in 0..2 {
+        let mut sum = [_mm512_castsi256_si512(off), _mm512_setzero_si512()];
+        for (h2, sum) in sum.iter_mut().enumerate() {
             let ql = _mm512_loadu_si512(w.add(64 * h2) as *const _);
             let qh = _mm512_broadcast_i64x4(load32(w.add(128 + 32 * h2)));
             // code = low four bits | two high bits << 4
@@ -1718,9 +1723,9 @@ unsafe fn q6_k_row<const GF: bool>(k: &Q6Consts, w: *const u8) -> __m512i {
             ];
             let words = _mm512_permutex2var_epi16(dots[0], k.pair, dots[1]);
             let scale = _mm512_permutexvar_epi16(k.pick[h2], scz);
-            sum = dpwssd(sum, words, scale);
+            *sum = dpwssd(*sum, words, scale);
         }
-        sum
+        _mm512_add_epi32(sum[0], sum[1])
     }
 }
 
