@@ -901,14 +901,20 @@ unsafe fn prefetch_superblocks<const LINES: usize, const N: usize>(rows: [*const
 }
 
 /// How far ahead of each row's current superblock q6_K's eight-row kernel prefetches its plain
-/// rows, into L2, bytes. With the GFNI kernel (then one chain of sums per row, 96 cycles an
-/// eight-row superblock in L1 against 117 before) the mat-vec from memory took less of the
-/// bandwidth with [`PREFETCH`]'s 512 bytes into L1 than the older kernel had (Zen 4, one
-/// thread, 256 MiB matrix, eight alternated rounds: median 20.7 GB/s against 21.6); into L2
-/// 2-2.5 KiB ahead gave 22.8 (1.5 KiB 21.5, 3 KiB 22.4, 4 KiB 22.3; two threads the same as
-/// before within the host's noise). The kernel as it stands (two chains, 101 cycles) with
-/// this prefetch: 22.9 against the older kernel's 22.0.
+/// rows into L2, bytes, on top of [`PREFETCH`]'s lines into L1 (and the interleaved rows into
+/// L1 [`Q6_PREFETCH_L1_RUN`] bytes ahead, on top of [`interleaved_prefetch`]'s into L2). With
+/// the GFNI kernel (101 cycles an eight-row superblock in L1 against 117 before) the old
+/// prefetches alone left more of the memory's bandwidth unused than with the old kernel;
+/// both levels together used the most (Zen 4, 256 MiB matrix, eight alternated rounds of
+/// `bench-ops --only bandwidth --types q6_K -r 9`, medians: one thread 25.0 GB/s against 23.4
+/// with the L2 prefetch alone and 21.0 with the L1 one alone, two threads 33.2 against 30.7
+/// and 30.9; the interleaved rows one thread 21.5 against 18.6 with the L2 prefetch alone and
+/// the old kernel's 20.9).
 const Q6_PREFETCH_L2: usize = 2048;
+
+/// How far ahead q6_K's interleaved rows are prefetched into L1, bytes (see
+/// [`Q6_PREFETCH_L2`]).
+const Q6_PREFETCH_L1_RUN: usize = 1024;
 
 /// Prefetches into L2 `LINES` lines from `DIST` bytes ahead of each of `rows`' current
 /// superblock (never faults).
@@ -928,15 +934,21 @@ unsafe fn prefetch_superblocks_l2<const DIST: usize, const LINES: usize, const N
 /// `p` (two rows' superblocks of an interleaved group: the group is one sequential stream).
 #[inline(always)]
 unsafe fn prefetch_run(p: *const u8, bytes: usize) {
-    let p = p.wrapping_add(interleaved_prefetch());
+    // SAFETY: prefetches never fault.
+    unsafe { prefetch_lines::<_MM_HINT_T1>(p.wrapping_add(interleaved_prefetch()), bytes) }
+}
+
+/// Prefetches with hint `HINT` the lines of the `bytes` bytes at `p` (never faults).
+#[inline(always)]
+unsafe fn prefetch_lines<const HINT: i32>(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
         // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch(p.wrapping_add(off) as *const i8, _MM_HINT_T1) };
+        unsafe { _mm_prefetch::<HINT>(p.wrapping_add(off) as *const i8) };
         off += 64;
     }
     // SAFETY: as above (the last line, where the run does not start on one).
-    unsafe { _mm_prefetch(p.wrapping_add(bytes - 1) as *const i8, _MM_HINT_T1) };
+    unsafe { _mm_prefetch::<HINT>(p.wrapping_add(bytes - 1) as *const i8) };
 }
 
 /// A superblock's exact per-lane sums `sum` ([quad][lanes 0-3, lanes 4-7]) into the
@@ -1740,10 +1752,13 @@ unsafe fn q6_k_pair<const P: usize, const IL: bool, const GF: bool>(
 ) -> __m512 {
     // SAFETY: a 210-byte superblock behind every row (caller); prefetches never fault.
     unsafe {
+        // into L2 far ahead and into L1 near (see `Q6_PREFETCH_L2`)
         if IL {
             prefetch_run(wb[2 * P], 2 * 210);
+            prefetch_lines::<_MM_HINT_T0>(wb[2 * P].wrapping_add(Q6_PREFETCH_L1_RUN), 2 * 210);
         } else {
             prefetch_superblocks_l2::<Q6_PREFETCH_L2, 4, 2>([wb[2 * P], wb[2 * P + 1]]);
+            prefetch_superblocks::<4, 2>([wb[2 * P], wb[2 * P + 1]]);
         }
         let s0 = q6_k_row::<GF>(k, wb[2 * P]);
         let s1 = q6_k_row::<GF>(k, wb[2 * P + 1]);
