@@ -1679,7 +1679,7 @@ struct Q6Consts {
     m30: __m512i,
     shl: __m512i,
     shr: __m512i,
-    /// GF(2) matrices taking the high bits of the low and the high nibbles' codes to bits 4-5
+    /// GF(2) matrices: [`gf_q6_bits`] (qh's bits to both nibbles' places) and [`GF_Q6_HIGH`]
     gf: [__m512i; 2],
     pick: [__m512i; 2],
     /// [`PAIR_WORDS`]
