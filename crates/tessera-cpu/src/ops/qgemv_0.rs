@@ -887,15 +887,20 @@ unsafe fn codebook_128(table: &[i8; 16]) -> __m512i {
 /// 4 KiB ahead, as a burst 74-84 %, spread 81-94 %).
 #[inline(always)]
 unsafe fn prefetch_superblocks<const LINES: usize, const N: usize>(rows: [*const u8; N]) {
+    // SAFETY: prefetches never fault.
+    unsafe { prefetch_ahead::<PREFETCH, _MM_HINT_T0, LINES, N>(rows) }
+}
+
+/// Prefetches with hint `HINT` `LINES` lines from `DIST` bytes ahead of each of `rows`'
+/// current superblock (never faults).
+#[inline(always)]
+unsafe fn prefetch_ahead<const DIST: usize, const HINT: i32, const LINES: usize, const N: usize>(
+    rows: [*const u8; N],
+) {
     for r in rows {
         for line in 0..LINES {
             // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe {
-                _mm_prefetch(
-                    r.wrapping_add(PREFETCH + 64 * line) as *const i8,
-                    _MM_HINT_T0,
-                )
-            };
+            unsafe { _mm_prefetch::<HINT>(r.wrapping_add(DIST + 64 * line) as *const i8) };
         }
     }
 }
@@ -915,20 +920,6 @@ const Q6_PREFETCH_L2: usize = 2048;
 /// How far ahead q6_K's interleaved rows are prefetched into L1, bytes (see
 /// [`Q6_PREFETCH_L2`]).
 const Q6_PREFETCH_L1_RUN: usize = 1024;
-
-/// Prefetches into L2 `LINES` lines from `DIST` bytes ahead of each of `rows`' current
-/// superblock (never faults).
-#[inline(always)]
-unsafe fn prefetch_superblocks_l2<const DIST: usize, const LINES: usize, const N: usize>(
-    rows: [*const u8; N],
-) {
-    for r in rows {
-        for line in 0..LINES {
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe { _mm_prefetch(r.wrapping_add(DIST + 64 * line) as *const i8, _MM_HINT_T1) };
-        }
-    }
-}
 
 /// Prefetches into L2 the lines of the `bytes` bytes [`interleaved_prefetch`] bytes ahead of
 /// `p` (two rows' superblocks of an interleaved group: the group is one sequential stream).
@@ -1757,7 +1748,7 @@ unsafe fn q6_k_pair<const P: usize, const IL: bool, const GF: bool>(
             prefetch_run(wb[2 * P], 2 * 210);
             prefetch_lines::<_MM_HINT_T0>(wb[2 * P].wrapping_add(Q6_PREFETCH_L1_RUN), 2 * 210);
         } else {
-            prefetch_superblocks_l2::<Q6_PREFETCH_L2, 4, 2>([wb[2 * P], wb[2 * P + 1]]);
+            prefetch_ahead::<Q6_PREFETCH_L2, _MM_HINT_T1, 4, 2>([wb[2 * P], wb[2 * P + 1]]);
             prefetch_superblocks::<4, 2>([wb[2 * P], wb[2 * P + 1]]);
         }
         let s0 = q6_k_row::<GF>(k, wb[2 * P]);
