@@ -691,8 +691,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         && super::qdot::self_prefetching(a.dtype)
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
-        // rows in one call (one dispatch instead of one per row; same results); iq4_xs, q4_K,
-        // q5_K and q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
+        // rows in one call (one dispatch instead of one per row; same results); iq4_xs, q2_K,
+        // q4_K, q5_K and q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
         let eight = eight_row_kernel(ctx.isa, a.dtype);
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
             // SAFETY: the quantized column was finished before the barrier.
@@ -1122,9 +1122,8 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K
-/// and q6_K
-/// (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q2_K,
+/// q4_K, q5_K and q6_K (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
 /// types without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
@@ -2254,10 +2253,15 @@ mod tests {
             DType::Q4K,
             DType::Q5K,
             DType::Q6K,
+            DType::Q2K,
         ] {
             let vdt = vec_dot_type(t);
-            // where the block's f16 scale d lies
-            let d_at = if t == DType::Q6K { 208 } else { 0 };
+            // where the block's f16 scale d lies (and its f16 min, 2 bytes on, where it has one)
+            let d_at = match t {
+                DType::Q6K => 208,
+                DType::Q2K => 80,
+                _ => 0,
+            };
             let (ws, xs) = (t.type_size(), vdt.type_size());
             for nb in [1usize, 2, 3, 8, 16, 17, 37] {
                 let k = t.block_size() * nb;
@@ -2288,10 +2292,16 @@ mod tests {
                                 w[b * ws + d_at..b * ws + d_at + 2].copy_from_slice(
                                     &half::f16::from_f32(d).to_bits().to_le_bytes(),
                                 );
-                                if matches!(t, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K)
-                                {
+                                if matches!(
+                                    t,
+                                    DType::Q4_1
+                                        | DType::Q5_1
+                                        | DType::Q4K
+                                        | DType::Q5K
+                                        | DType::Q2K
+                                ) {
                                     let m = (next() % 1000) as f32 / 300.0 - 1.5;
-                                    w[b * ws + 2..b * ws + 4].copy_from_slice(
+                                    w[b * ws + d_at + 2..b * ws + d_at + 4].copy_from_slice(
                                         &half::f16::from_f32(m).to_bits().to_le_bytes(),
                                     );
                                 }
@@ -2370,7 +2380,20 @@ mod tests {
                             });
                         #[cfg(not(target_arch = "x86_64"))]
                         let without_vbmi: Option<[[f32; 8]; 2]> = None;
-                        // q5_K, q6_K: the kernel for CPUs without GFNI too, on one that has it
+                        // q2_K (plain rows only), q5_K, q6_K: the kernel for CPUs without
+                        // GFNI too, on one that has it
+                        #[cfg(target_arch = "x86_64")]
+                        if t == DType::Q2K && eight_row_kernel(isa, t) {
+                            // SAFETY: as above; nb superblocks in every row and in x.
+                            let v = unsafe { crate::ops::qgemv_0::q2_k8_without_gfni(w8, &x, k) };
+                            for (r, (v, g)) in v.iter().zip(got).enumerate() {
+                                assert!(
+                                    v.to_bits() == g.to_bits() || (v.is_nan() && g.is_nan()),
+                                    "{t} nb {nb} case {case} row {r} {isa:?}: without GFNI {v} \
+                                     vs {g}"
+                                );
+                            }
+                        }
                         #[cfg(target_arch = "x86_64")]
                         if matches!(t, DType::Q5K | DType::Q6K) && eight_row_kernel(isa, t) {
                             let g = group.as_ref().expect("q5_K and q6_K interleave");

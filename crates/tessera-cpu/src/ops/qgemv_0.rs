@@ -1,6 +1,6 @@
-//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q4_K, q5_K and q6_K on AVX-512 VNNI:
-//! eight weight rows against one activation row (q8_0; q8_1 for q4_1 and q5_1, q8_K for
-//! iq4_xs and the k-quants) per call, four rows to a 512-bit vector.
+//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q2_K, q4_K, q5_K and q6_K on
+//! AVX-512 VNNI: eight weight rows against one activation row (q8_0; q8_1 for q4_1 and q5_1,
+//! q8_K for iq4_xs and the k-quants) per call, four rows to a 512-bit vector (q2_K: two).
 //!
 //! ggml's x86 `vec_dot` of these types gives each row eight f32 lanes, lane `l` summing
 //! elements `4l..4l+3` of every 32-element block as an exact integer, converted and
@@ -114,6 +114,27 @@ unsafe fn q6_k_gfni<const IL: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
     unsafe { q6_k_rows::<IL, true>(wp, xp, nb) }
 }
 
+/// `q2_k_rows` with GFNI's bit matrices.
+///
+/// # Safety
+/// As `q2_k_rows`; the CPU has GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn q2_k_gfni(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    // SAFETY: forwarded.
+    unsafe { q2_k_rows::<true>(wp, xp, nb) }
+}
+
+/// [`vec_dot8`] of eight q2_K rows with the kernel for CPUs without GFNI, whatever this CPU
+/// has (for the tests: both forms against `vec_dot`).
+///
+/// # Safety
+/// As [`vec_dot8`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q2_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks behind every pointer).
+    unsafe { q2_k_rows::<false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+}
+
 /// The first superblocks of a group of eight interleaved rows whose superblocks are `block`
 /// bytes (q4_K, q5_K, q6_K: the group's superblock i is its eight rows' one after the other).
 fn group_rows(g: *const u8, block: usize) -> [*const u8; 8] {
@@ -167,6 +188,7 @@ pub fn supported(t: DType) -> bool {
             | DType::Q4K
             | DType::Q5K
             | DType::Q6K
+            | DType::Q2K
     )
 }
 
@@ -198,6 +220,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q5K => q4_k_rows::<true, false, false>(wp, x.as_ptr(), k / 256),
             DType::Q6K if gfni() => q6_k_gfni::<false>(wp, x.as_ptr(), k / 256),
             DType::Q6K => q6_k_rows::<false, false>(wp, x.as_ptr(), k / 256),
+            DType::Q2K if gfni() => q2_k_gfni(wp, x.as_ptr(), k / 256),
+            DType::Q2K => q2_k_rows::<false>(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -1461,6 +1485,127 @@ unsafe fn q4_k_pair<const P: usize, const Q5: bool, const GF: bool, const IL: bo
         let pick = _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
         let d = _mm512_permutexvar_ps(pick, k.d);
         _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc)
+    }
+}
+
+/// `vpermw` indices that give q2_K's code vector s of a pair of rows, its sums paired into
+/// words by [`PAIR_WORDS`] (row 2P's in dwords 0..8, row 2P + 1's in 8..16), their scales:
+/// the pair's 32 scales are words 0..16 (row 2P) and 16..32 of one vector. Dword m (m < 8)
+/// holds row 2P's dwords m (half 0: sub-block 2s + m/4) and m + 8 (half 1: sub-block
+/// 8 + 2s + m/4); dword 8 + m the same of row 2P + 1.
+static SCALE_PAIR_Q2: [[u16; 32]; 4] = {
+    let mut t = [[0u16; 32]; 4];
+    let mut s = 0;
+    while s < 4 {
+        let mut m = 0;
+        while m < 8 {
+            let c = 2 * s + m / 4;
+            t[s][2 * m] = c as u16;
+            t[s][2 * m + 1] = (8 + c) as u16;
+            t[s][16 + 2 * m] = (16 + c) as u16;
+            t[s][17 + 2 * m] = (24 + c) as u16;
+            m += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// The GF(2) matrix that takes bits `2s`, `2s + 1` of a byte to bits 0-1, every other bit
+/// clear (a q2_K code).
+const fn gf_q2_code(s: usize) -> i64 {
+    gf_matrix([1 << (2 * s), 1 << (2 * s + 1), 0, 0, 0, 0, 0, 0])
+}
+
+/// q2_K against q8_K. ggml's kernel (`vec_dot_q2_K_q8_K`, AVX2) per superblock and lane l:
+/// first `fma(dmin_w·(−d_y), Σ m·bsums, acc)` with the exact pair sums of the 4-bit mins
+/// times the activations' group sums (`vpmaddwd`), then `fma(d_w·d_y, sumi, acc)` with the
+/// exact Σ sc·(four products) of the lane's elements 4l..4l + 3 of every 32-element piece,
+/// and `hsum_float_8` at the end. Here a row's 64 bytes of 2-bit codes are one vector:
+/// shift s of its half j (bytes 32j..32j + 32) is elements 128j + 32s.., so code vector s
+/// (`(z >> 2s) & 3`, or one GF(2) bit matrix) against the activations of those elements
+/// gives in dword m ggml's lane m mod 8 of sub-block 8j + 2s + (m mod 8)/4 (j = m/8). The
+/// sums (below 2^15: 4·3·127) of code vector s of two rows are paired into words
+/// ([`PAIR_WORDS`]: a dword's two words are a row's two halves, the same ggml lane) and
+/// scaled and accumulated by one `vpdpwssd`, so a pair of rows sums into row 2P's eight lanes
+/// then row 2P + 1's, the accumulators' layout, with no shuffles. A pair's mins are one
+/// vector too (`vpmaddwd` against the group sums in both halves). With everything in L1 on
+/// Zen 4, 95 TSC cycles an eight-row superblock with each row's two code vectors paired as
+/// q4_K's (and a shuffle to add a row's halves).
+#[inline(always)]
+unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    const BLOCK: usize = 84;
+    const Q8K: usize = 292;
+    // SAFETY: nb superblocks (84 bytes) behind every row and nb q8_K blocks behind xp
+    // (caller); the tables are 64 bytes a vector; prefetches never fault.
+    unsafe {
+        let m3 = _mm512_set1_epi8(3);
+        let m4 = _mm256_set1_epi8(15);
+        let zero = _mm512_setzero_si512();
+        let pair = _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in 0..nb {
+            let xb = xp.add(i * Q8K);
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            // [d0 dmin0 d1 dmin1 … d7 dmin7] times [d_y −d_y …]: ggml's d and dmin per row
+            let dm = halves_pairs8(&wb.map(|p| p.add(80)));
+            let yd = f32_at(xb);
+            let ys = _mm512_castpd_ps(_mm512_set1_pd(f64::from_bits(
+                yd.to_bits() as u64 | ((-yd).to_bits() as u64) << 32,
+            )));
+            let dd = _mm512_mul_ps(dm, ys);
+            // the activations' 16 group sums in both 256-bit halves
+            let bs = _mm512_broadcast_i64x4(load32(xb.add(4 + 256)));
+            // the activations of code vector s: elements 32s.. (lower half), 128 + 32s..
+            let y: [__m512i; 4] = std::array::from_fn(|s| {
+                let at = xb.add(4 + 32 * s);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(at)), load32(at.add(128)))
+            });
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let (a, b) = (wb[2 * p], wb[2 * p + 1]);
+                prefetch_superblocks::<2, 2>([a, b]);
+                // both rows' scale bytes: the 4-bit scales and mins as words, row 2p's first
+                let v = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+                    _mm_loadu_si128(b as *const __m128i),
+                );
+                let sc = _mm512_cvtepu8_epi16(_mm256_and_si256(v, m4));
+                let mn = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+                // lanes 2r (d) and 2r + 1 (dmin) of dd for rows r = 2p (lanes 0..8), 2p + 1
+                let (a2, b2) = (4 * p as i32, 4 * p as i32 + 2);
+                let dpick = _mm512_setr_epi32(
+                    a2, a2, a2, a2, a2, a2, a2, a2, b2, b2, b2, b2, b2, b2, b2, b2,
+                );
+                // the mins first, as ggml: fma(dmin, Σ m·bsums, acc)
+                let prod = _mm512_madd_epi16(mn, bs);
+                let dmin = _mm512_permutexvar_ps(_mm512_add_epi32(dpick, _mm512_set1_epi32(1)), dd);
+                *acc = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), *acc);
+                let z = [a, b].map(|r| _mm512_loadu_si512(r.add(16) as *const _));
+                let mut sum = zero;
+                for (c, pick) in SCALE_PAIR_Q2.iter().enumerate() {
+                    let mut dots = [zero; 2];
+                    for (dot, &z) in dots.iter_mut().zip(&z) {
+                        let code = if c == 0 {
+                            _mm512_and_si512(z, m3)
+                        } else if GF {
+                            _mm512_gf2p8affine_epi64_epi8::<0>(z, _mm512_set1_epi64(gf_q2_code(c)))
+                        } else {
+                            let sh = _mm512_srl_epi16(z, _mm_cvtsi32_si128(2 * c as i32));
+                            _mm512_and_si512(sh, m3)
+                        };
+                        *dot = dpbusd(zero, code, y[c]);
+                    }
+                    // dwords m and m + 8 of a row's sums are one ggml lane: as the two words
+                    // of one dword, row 2p's in dwords 0..8, row 2p + 1's in 8..16
+                    let words = _mm512_permutex2var_epi16(dots[0], pair, dots[1]);
+                    let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
+                    sum = dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc));
+                }
+                let d = _mm512_permutexvar_ps(dpick, dd);
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *acc);
+            }
+        }
+        hsum_pairs(&acc)
     }
 }
 
