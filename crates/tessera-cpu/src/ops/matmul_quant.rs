@@ -691,8 +691,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         && super::qdot::self_prefetching(a.dtype)
     {
         // Mat-vec of the one-row kernels that prefetch their own weights: all of a chunk's
-        // rows in one call (one dispatch instead of one per row; same results); iq4_xs, q2_K,
-        // q4_K, q5_K and q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
+        // rows in one call (one dispatch instead of one per row; same results); iq4_xs and
+        // q2_K-q6_K on AVX-512 eight rows a call first (`qgemv_0`, the same bits).
         let eight = eight_row_kernel(ctx.isa, a.dtype);
         for ((a_off, d_off, col0), rows) in chunks(chunk) {
             // SAFETY: the quantized column was finished before the barrier.
@@ -1122,8 +1122,8 @@ fn eight_row_kernel(isa: Isa, t: DType) -> bool {
 }
 
 /// Eight weight rows against one activation row, each result bit-identical to `vec_dot`'s:
-/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q2_K,
-/// q4_K, q5_K and q6_K (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
+/// the AVX-512 kernels of `qgemv_0` for q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs and
+/// q2_K-q6_K (prefetching `qgemv_0::PREFETCH` bytes ahead), two `vec_dot4` otherwise (`pf` bytes ahead;
 /// types without four-row kernels row by row).
 pub fn vec_dot8(isa: Isa, t: DType, w: [&[u8]; 8], x: &[u8], k: usize, pf: usize) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
@@ -2254,12 +2254,14 @@ mod tests {
             DType::Q5K,
             DType::Q6K,
             DType::Q2K,
+            DType::Q3K,
         ] {
             let vdt = vec_dot_type(t);
             // where the block's f16 scale d lies (and its f16 min, 2 bytes on, where it has one)
             let d_at = match t {
                 DType::Q6K => 208,
                 DType::Q2K => 80,
+                DType::Q3K => 108,
                 _ => 0,
             };
             let (ws, xs) = (t.type_size(), vdt.type_size());
@@ -2380,12 +2382,19 @@ mod tests {
                             });
                         #[cfg(not(target_arch = "x86_64"))]
                         let without_vbmi: Option<[[f32; 8]; 2]> = None;
-                        // q2_K (plain rows only), q5_K, q6_K: the kernel for CPUs without
+                        // q2_K, q3_K (plain rows only), q5_K, q6_K: the kernel for CPUs without
                         // GFNI too, on one that has it
                         #[cfg(target_arch = "x86_64")]
-                        if t == DType::Q2K && eight_row_kernel(isa, t) {
+                        if matches!(t, DType::Q2K | DType::Q3K) && eight_row_kernel(isa, t) {
                             // SAFETY: as above; nb superblocks in every row and in x.
-                            let v = unsafe { crate::ops::qgemv_0::q2_k8_without_gfni(w8, &x, k) };
+                            let v = unsafe {
+                                use crate::ops::qgemv_0 as q;
+                                if t == DType::Q2K {
+                                    q::q2_k8_without_gfni(w8, &x, k)
+                                } else {
+                                    q::q3_k8_without_gfni(w8, &x, k)
+                                }
+                            };
                             for (r, (v, g)) in v.iter().zip(got).enumerate() {
                                 assert!(
                                     v.to_bits() == g.to_bits() || (v.is_nan() && g.is_nan()),

@@ -1,6 +1,7 @@
-//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs, q2_K, q4_K, q5_K and q6_K on
+//! Mat-vec of q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq4_xs and the k-quants q2_K to q6_K on
 //! AVX-512 VNNI: eight weight rows against one activation row (q8_0; q8_1 for q4_1 and q5_1,
-//! q8_K for iq4_xs and the k-quants) per call, four rows to a 512-bit vector (q2_K: two).
+//! q8_K for iq4_xs and the k-quants) per call, four rows to a 512-bit vector (q2_K and q3_K:
+//! two).
 //!
 //! ggml's x86 `vec_dot` of these types gives each row eight f32 lanes, lane `l` summing
 //! elements `4l..4l+3` of every 32-element block as an exact integer, converted and
@@ -124,6 +125,27 @@ unsafe fn q2_k_gfni(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     unsafe { q2_k_rows::<true>(wp, xp, nb) }
 }
 
+/// `q3_k_rows` with GFNI's bit matrices.
+///
+/// # Safety
+/// As `q3_k_rows`; the CPU has GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn q3_k_gfni(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    // SAFETY: forwarded.
+    unsafe { q3_k_rows::<true>(wp, xp, nb) }
+}
+
+/// [`vec_dot8`] of eight q3_K rows with the kernel for CPUs without GFNI, whatever this CPU
+/// has (for the tests: both forms against `vec_dot`).
+///
+/// # Safety
+/// As [`vec_dot8`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q3_k8_without_gfni(w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] {
+    // SAFETY: forwarded (k / 256 superblocks behind every pointer).
+    unsafe { q3_k_rows::<false>(w.map(|r| r.as_ptr()), x.as_ptr(), k / 256) }
+}
+
 /// [`vec_dot8`] of eight q2_K rows with the kernel for CPUs without GFNI, whatever this CPU
 /// has (for the tests: both forms against `vec_dot`).
 ///
@@ -189,6 +211,7 @@ pub fn supported(t: DType) -> bool {
             | DType::Q5K
             | DType::Q6K
             | DType::Q2K
+            | DType::Q3K
     )
 }
 
@@ -222,6 +245,8 @@ pub unsafe fn vec_dot8(t: DType, w: [&[u8]; 8], x: &[u8], k: usize) -> [f32; 8] 
             DType::Q6K => q6_k_rows::<false, false>(wp, x.as_ptr(), k / 256),
             DType::Q2K if gfni() => q2_k_gfni(wp, x.as_ptr(), k / 256),
             DType::Q2K => q2_k_rows::<false>(wp, x.as_ptr(), k / 256),
+            DType::Q3K if gfni() => q3_k_gfni(wp, x.as_ptr(), k / 256),
+            DType::Q3K => q3_k_rows::<false>(wp, x.as_ptr(), k / 256),
             _ => unreachable!("no eight-row kernel for {t}"),
         }
     }
@@ -1517,6 +1542,22 @@ const fn gf_q2_code(s: usize) -> i64 {
     gf_matrix([1 << (2 * s), 1 << (2 * s + 1), 0, 0, 0, 0, 0, 0])
 }
 
+/// The activations of q2_K's and q3_K's code vector s (a row's 64 bytes of 2-bit codes
+/// shifted by 2s) from the q8_K block at `xb`: elements 32s.. in the lower half, 128 + 32s..
+/// in the upper.
+#[inline(always)]
+unsafe fn shift_acts(xb: *const u8) -> [__m512i; 4] {
+    // SAFETY: one q8_K block at xb (caller).
+    unsafe {
+        let mut y = [_mm512_setzero_si512(); 4];
+        for (s, y) in y.iter_mut().enumerate() {
+            let at = xb.add(4 + 32 * s);
+            *y = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(at)), load32(at.add(128)));
+        }
+        y
+    }
+}
+
 /// q2_K against q8_K. ggml's kernel (`vec_dot_q2_K_q8_K`, AVX2) per superblock and lane l:
 /// first `fma(dmin_w·(−d_y), Σ m·bsums, acc)` with the exact pair sums of the 4-bit mins
 /// times the activations' group sums (`vpmaddwd`), then `fma(d_w·d_y, sumi, acc)` with the
@@ -1530,8 +1571,8 @@ const fn gf_q2_code(s: usize) -> i64 {
 /// scaled and accumulated by one `vpdpwssd`, so a pair of rows sums into row 2P's eight lanes
 /// then row 2P + 1's, the accumulators' layout, with no shuffles. A pair's mins are one
 /// vector too (`vpmaddwd` against the group sums in both halves). With everything in L1 on
-/// Zen 4, 95 TSC cycles an eight-row superblock with each row's two code vectors paired as
-/// q4_K's (and a shuffle to add a row's halves).
+/// Zen 4: 87 TSC cycles an eight-row superblock (95 with each row's two code vectors paired
+/// as q4_K's and a shuffle to add a row's halves).
 #[inline(always)]
 unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
     const BLOCK: usize = 84;
@@ -1556,11 +1597,7 @@ unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
             let dd = _mm512_mul_ps(dm, ys);
             // the activations' 16 group sums in both 256-bit halves
             let bs = _mm512_broadcast_i64x4(load32(xb.add(4 + 256)));
-            // the activations of code vector s: elements 32s.. (lower half), 128 + 32s..
-            let y: [__m512i; 4] = std::array::from_fn(|s| {
-                let at = xb.add(4 + 32 * s);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(at)), load32(at.add(128)))
-            });
+            let y = shift_acts(xb);
             for (p, acc) in acc.iter_mut().enumerate() {
                 let (a, b) = (wb[2 * p], wb[2 * p + 1]);
                 prefetch_superblocks::<2, 2>([a, b]);
@@ -1601,6 +1638,139 @@ unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                     let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
                     sum = dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc));
                 }
+                let d = _mm512_permutexvar_ps(dpick, dd);
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *acc);
+            }
+        }
+        hsum_pairs(&acc)
+    }
+}
+
+/// The GF(2) matrix that takes bit `k` of a byte to bit 2, every other bit clear (q3_K's
+/// high bit of a code).
+const fn gf_q3_high(k: usize) -> i64 {
+    gf_matrix([0, 0, 1 << k, 0, 0, 0, 0, 0])
+}
+
+/// q3_K's scales of two rows (12 bytes at `a` and at `b`) re-centred (−32..31) as the words of
+/// one vector: row a's 16, then row b's (ggml's `q3k_scales` unpacking, both rows at once).
+#[inline(always)]
+unsafe fn q3k_scales_pair(a: *const u8, b: *const u8) -> __m512i {
+    // SAFETY: 12 readable bytes at a and at b (caller).
+    unsafe {
+        let q = |p: *const u8| (p as *const i64).read_unaligned();
+        let d = |p: *const u8| (p.add(8) as *const i32).read_unaligned();
+        // [a0 a1 a0 a1] >> [0 0 4 4] & 0x0f per row: the low four bits of each scale
+        let a01 = _mm256_setr_epi64x(q(a), q(a), q(b), q(b));
+        let low = _mm256_srlv_epi32(a01, _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4));
+        let low = _mm256_and_si256(low, _mm256_set1_epi32(0x0f0f_0f0f));
+        // ([a2 a2 a2 a2] >> [0 2 4 6] & 0x03) << 4: the two high bits
+        let (da, db) = (d(a), d(b));
+        let a2 = _mm256_setr_epi32(da, da, da, da, db, db, db, db);
+        let high = _mm256_srlv_epi32(a2, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+        let high = _mm256_slli_epi32::<4>(_mm256_and_si256(high, _mm256_set1_epi32(0x0303_0303)));
+        let sc = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+        _mm512_cvtepi8_epi16(sc)
+    }
+}
+
+/// q3_K against q8_K. ggml's kernel (`vec_dot_q3_K_q8_K`, AVX2) sums per superblock and lane
+/// l the exact Σ sc·(four products) of the lane's elements 4l..4l + 3 of every 32-element
+/// piece, each value (the 2-bit low part) − 4 where its bit in `hmask` is clear, and
+/// fused-multiply-adds it with d_w·d_y; `hsum_float_8` at the end. Here as for q2_K
+/// ([`q2_k_rows`]): a row's 64 bytes of low bits are one vector, code vector s of half j
+/// takes its third bit from bit 4j + s of the 32 `hmask` bytes (both halves of a vector
+/// holding them; with GFNI one bit matrix per half), so the unsigned code is value + 4 and
+/// each `vpdpbusd` starts from −4·(the four activations' sum), shared by the eight rows; the
+/// sums (below 2^15: 4·4·127) of code vector s of two rows are paired into words and one
+/// `vpdpwssd` applies both rows' signed scales, into row 2P's eight lanes then row 2P + 1's.
+#[inline(always)]
+unsafe fn q3_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize) -> [f32; 8] {
+    const BLOCK: usize = 110;
+    const Q8K: usize = 292;
+    // SAFETY: nb superblocks (110 bytes) behind every row and nb q8_K blocks behind xp
+    // (caller); the tables are 64 bytes a vector; prefetches never fault.
+    unsafe {
+        let m3 = _mm512_set1_epi8(3);
+        let zero = _mm512_setzero_si512();
+        let pair = _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in 0..nb {
+            let xb = xp.add(i * Q8K);
+            let wb: [*const u8; 8] = std::array::from_fn(|r| wp[r].add(i * BLOCK));
+            // ggml's d = d_y·d_w per row, in lanes 0..8
+            let h = |r: usize| (wb[r].add(108) as *const i16).read_unaligned();
+            let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+                h(0),
+                h(1),
+                h(2),
+                h(3),
+                h(4),
+                h(5),
+                h(6),
+                h(7),
+            ));
+            let dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f32_at(xb)), dw));
+            // −4 times the sums of the fours of each code vector's activations
+            let y = shift_acts(xb);
+            let mut neg4 = [zero; 4];
+            for (n, y) in neg4.iter_mut().zip(&y) {
+                *n = _mm512_sub_epi32(zero, dpbusd(zero, _mm512_set1_epi8(4), *y));
+            }
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let (a, b) = (wb[2 * p], wb[2 * p + 1]);
+                prefetch_superblocks::<2, 2>([a, b]);
+                let sc = q3k_scales_pair(a.add(96), b.add(96));
+                let z = [a, b].map(|r| _mm512_loadu_si512(r.add(32) as *const _));
+                let hm = [a, b].map(|r| _mm512_broadcast_i64x4(load32(r)));
+                let mut sum = zero;
+                for (c, pick) in SCALE_PAIR_Q2.iter().enumerate() {
+                    let mut dots = [zero; 2];
+                    for t in 0..2 {
+                        let (z, hm) = (z[t], hm[t]);
+                        let code = if GF {
+                            // bit c (lower half) or 4 + c (upper) of hmask at bit 2
+                            let hb = _mm512_gf2p8affine_epi64_epi8::<0>(
+                                hm,
+                                _mm512_inserti64x4::<1>(
+                                    _mm512_set1_epi64(gf_q3_high(c)),
+                                    _mm256_set1_epi64x(gf_q3_high(4 + c)),
+                                ),
+                            );
+                            if c == 0 {
+                                // (z & 3) | hb
+                                _mm512_ternarylogic_epi32::<0xEA>(z, m3, hb)
+                            } else {
+                                let lo = _mm512_gf2p8affine_epi64_epi8::<0>(
+                                    z,
+                                    _mm512_set1_epi64(gf_q2_code(c)),
+                                );
+                                _mm512_or_si512(lo, hb)
+                            }
+                        } else {
+                            let lo = if c == 0 {
+                                z
+                            } else {
+                                _mm512_srl_epi16(z, _mm_cvtsi32_si128(2 * c as i32))
+                            };
+                            let lo = _mm512_and_si512(lo, m3);
+                            let bit = _mm512_inserti64x4::<1>(
+                                _mm512_set1_epi8(1 << c),
+                                _mm256_set1_epi8(1 << (4 + c)),
+                            );
+                            let set = _mm512_test_epi8_mask(hm, bit);
+                            _mm512_mask_add_epi8(lo, set, lo, _mm512_set1_epi8(4))
+                        };
+                        dots[t] = dpbusd(neg4[c], code, y[c]);
+                    }
+                    let words = _mm512_permutex2var_epi16(dots[0], pair, dots[1]);
+                    let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
+                    sum = dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc));
+                }
+                let (a1, b1) = (2 * p as i32, 2 * p as i32 + 1);
+                let dpick = _mm512_setr_epi32(
+                    a1, a1, a1, a1, a1, a1, a1, a1, b1, b1, b1, b1, b1, b1, b1, b1,
+                );
                 let d = _mm512_permutexvar_ps(dpick, dd);
                 *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *acc);
             }
