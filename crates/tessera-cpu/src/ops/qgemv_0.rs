@@ -1542,6 +1542,46 @@ const fn gf_q2_code(s: usize) -> i64 {
     gf_matrix([1 << (2 * s), 1 << (2 * s + 1), 0, 0, 0, 0, 0, 0])
 }
 
+/// q2_K's and q3_K's step of a pair of rows for code vector `c`: its `vpdpbusd` sums of both
+/// rows (`dots`, every dword below 2^15 in magnitude) made the words of one vector
+/// ([`PAIR_WORDS`]: a row's dwords m and m + 8, one ggml lane, as the two words of dword m,
+/// row 2P's in dwords 0..8 and row 2P + 1's in 8..16), scaled by the pair's scale words `sc`
+/// ([`SCALE_PAIR_Q2`]) and added to `sum` by one `vpdpwssd`.
+#[inline(always)]
+unsafe fn pair_scaled(
+    sum: __m512i,
+    c: usize,
+    dots: [__m512i; 2],
+    pair: __m512i,
+    sc: __m512i,
+) -> __m512i {
+    // SAFETY: register arithmetic and a 64-byte table read; the CPU has AVX-512 VNNI (caller).
+    unsafe {
+        let words = _mm512_permutex2var_epi16(dots[0], pair, dots[1]);
+        let pick = _mm512_loadu_si512(SCALE_PAIR_Q2[c].as_ptr() as *const _);
+        dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc))
+    }
+}
+
+/// `fma(f, sum, acc)` for a pair of rows whose exact integer sums are `sum` (row 2P's eight
+/// lanes, then row 2P + 1's) with `f` lane `lane` of `scales` for the first eight lanes and
+/// lane `lane + STEP` for the others.
+#[inline(always)]
+unsafe fn fma_pair<const STEP: i32>(
+    acc: __m512,
+    scales: __m512,
+    lane: i32,
+    sum: __m512i,
+) -> __m512 {
+    // SAFETY: register arithmetic only (caller: AVX-512 F).
+    unsafe {
+        let step = _mm512_maskz_set1_epi32(0xff00, STEP);
+        let pick = _mm512_add_epi32(_mm512_set1_epi32(lane), step);
+        let f = _mm512_permutexvar_ps(pick, scales);
+        _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sum), acc)
+    }
+}
+
 /// The activations of q2_K's and q3_K's code vector s (a row's 64 bytes of 2-bit codes
 /// shifted by 2s) from the q8_K block at `xb`: elements 32s.. in the lower half, 128 + 32s..
 /// in the upper.
@@ -1608,18 +1648,12 @@ unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                 );
                 let sc = _mm512_cvtepu8_epi16(_mm256_and_si256(v, m4));
                 let mn = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
-                // lanes 2r (d) and 2r + 1 (dmin) of dd for rows r = 2p (lanes 0..8), 2p + 1
-                let (a2, b2) = (4 * p as i32, 4 * p as i32 + 2);
-                let dpick = _mm512_setr_epi32(
-                    a2, a2, a2, a2, a2, a2, a2, a2, b2, b2, b2, b2, b2, b2, b2, b2,
-                );
-                // the mins first, as ggml: fma(dmin, Σ m·bsums, acc)
+                // the mins first, as ggml: fma(dmin, Σ m·bsums, acc) (dd's lanes 2r + 1)
                 let prod = _mm512_madd_epi16(mn, bs);
-                let dmin = _mm512_permutexvar_ps(_mm512_add_epi32(dpick, _mm512_set1_epi32(1)), dd);
-                *acc = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(prod), *acc);
+                *acc = fma_pair::<2>(*acc, dd, 4 * p as i32 + 1, prod);
                 let z = [a, b].map(|r| _mm512_loadu_si512(r.add(16) as *const _));
                 let mut sum = zero;
-                for (c, pick) in SCALE_PAIR_Q2.iter().enumerate() {
+                for (c, &y) in y.iter().enumerate() {
                     let mut dots = [zero; 2];
                     for (dot, &z) in dots.iter_mut().zip(&z) {
                         let code = if c == 0 {
@@ -1630,16 +1664,11 @@ unsafe fn q2_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                             let sh = _mm512_srl_epi16(z, _mm_cvtsi32_si128(2 * c as i32));
                             _mm512_and_si512(sh, m3)
                         };
-                        *dot = dpbusd(zero, code, y[c]);
+                        *dot = dpbusd(zero, code, y);
                     }
-                    // dwords m and m + 8 of a row's sums are one ggml lane: as the two words
-                    // of one dword, row 2p's in dwords 0..8, row 2p + 1's in 8..16
-                    let words = _mm512_permutex2var_epi16(dots[0], pair, dots[1]);
-                    let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
-                    sum = dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc));
+                    sum = pair_scaled(sum, c, dots, pair, sc);
                 }
-                let d = _mm512_permutexvar_ps(dpick, dd);
-                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *acc);
+                *acc = fma_pair::<2>(*acc, dd, 4 * p as i32, sum);
             }
         }
         hsum_pairs(&acc)
@@ -1724,7 +1753,7 @@ unsafe fn q3_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                 let z = [a, b].map(|r| _mm512_loadu_si512(r.add(32) as *const _));
                 let hm = [a, b].map(|r| _mm512_broadcast_i64x4(load32(r)));
                 let mut sum = zero;
-                for (c, pick) in SCALE_PAIR_Q2.iter().enumerate() {
+                for (c, (&y, &neg4)) in y.iter().zip(&neg4).enumerate() {
                     let mut dots = [zero; 2];
                     for t in 0..2 {
                         let (z, hm) = (z[t], hm[t]);
@@ -1761,18 +1790,11 @@ unsafe fn q3_k_rows<const GF: bool>(wp: [*const u8; 8], xp: *const u8, nb: usize
                             let set = _mm512_test_epi8_mask(hm, bit);
                             _mm512_mask_add_epi8(lo, set, lo, _mm512_set1_epi8(4))
                         };
-                        dots[t] = dpbusd(neg4[c], code, y[c]);
+                        dots[t] = dpbusd(neg4, code, y);
                     }
-                    let words = _mm512_permutex2var_epi16(dots[0], pair, dots[1]);
-                    let pick = _mm512_loadu_si512(pick.as_ptr() as *const _);
-                    sum = dpwssd(sum, words, _mm512_permutexvar_epi16(pick, sc));
+                    sum = pair_scaled(sum, c, dots, pair, sc);
                 }
-                let (a1, b1) = (2 * p as i32, 2 * p as i32 + 1);
-                let dpick = _mm512_setr_epi32(
-                    a1, a1, a1, a1, a1, a1, a1, a1, b1, b1, b1, b1, b1, b1, b1, b1,
-                );
-                let d = _mm512_permutexvar_ps(dpick, dd);
-                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *acc);
+                *acc = fma_pair::<1>(*acc, dd, 2 * p as i32, sum);
             }
         }
         hsum_pairs(&acc)
