@@ -50,7 +50,12 @@
 //! the kernel takes two weight rows a call (`avx512::kernel2`, all types but mxfp4), so each
 //! 64-byte activation load serves two `vpdpbusd`: another 1.16-1.28x on one thread and
 //! 1.13-1.36x on two there (q4_0, q4_1, q8_0, iq4_nl; 4096² and 576×1536 × 512). Before the
-//! swap, on the AMX Xeon, two rows a call had been 5-10 % slower.
+//! swap, on the AMX Xeon, two rows a call had been 5-10 % slower. On a Zen 5 core, where
+//! `vpdpbusd` and the FMA share two pipes, the conversion has two others and two 512-bit
+//! loads issue a cycle, the five loads per (row pair, lane) bounded the loop; the start values
+//! −128·Σ are now loaded once a block as two 128-bit halves and each lane's picked by an
+//! in-lane `vpshufd` (on the conversion's pipes): q4_0, q5_0, q8_0, iq4_nl and mxfp4 mat-mat
+//! 1.10-1.16x there, the same integers.
 
 use tessera::DType;
 
@@ -1260,6 +1265,42 @@ mod avx512 {
         unsafe { _mm512_set1_epi32((b.as_ptr().add(4 * i) as *const i32).read_unaligned()) }
     }
 
+    /// The 16 bytes at `p` in all four 128-bit lanes (`vbroadcasti32x4`), a load the compiler
+    /// cannot see through: it would otherwise fold each lane shuffle of the result back into a
+    /// broadcast load of its own.
+    ///
+    /// # Safety
+    /// 16 readable bytes at `p`; the CPU has AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bcast128(p: *const u8) -> __m512i {
+        let v: __m512i;
+        // SAFETY: reads the 16 bytes at p (caller), registers otherwise.
+        unsafe {
+            std::arch::asm!(
+                "vbroadcasti32x4 {v}, xmmword ptr [{p}]",
+                v = out(zmm_reg) v,
+                p = in(reg) p,
+                options(pure, readonly, nostack, preserves_flags),
+            )
+        };
+        v
+    }
+
+    /// Dword `j` (< 4) of every 128-bit lane of `v`, in all of that lane's dwords.
+    #[inline(always)]
+    unsafe fn lane(v: __m512i, j: usize) -> __m512i {
+        // SAFETY: the caller's target features (AVX-512 F).
+        unsafe {
+            match j {
+                0 => _mm512_shuffle_epi32::<0x00>(v),
+                1 => _mm512_shuffle_epi32::<0x55>(v),
+                2 => _mm512_shuffle_epi32::<0xAA>(v),
+                _ => _mm512_shuffle_epi32::<0xFF>(v),
+            }
+        }
+    }
+
     /// Blocks 0, step, 2·step, … of `wbs` (one row's) against one packed pair's matching
     /// blocks (block j at `p + j·PAIR_BYTES`), accumulated into the nine 16-float vectors at
     /// `acc`; `fresh`: starting from zero instead of from `acc`.
@@ -1328,12 +1369,25 @@ mod avx512 {
                     s0 = _mm512_fmadd_ps(_mm512_set1_ps(b0.m), xs, s0);
                     s1 = _mm512_fmadd_ps(_mm512_set1_ps(b1.m), xs, s1);
                 }
+                // the start values: each row's eight lane sums as two 128-bit halves in all
+                // four lanes, lane i picked by an in-lane `vpshufd` (Zen 5 runs it beside the
+                // conversions, off the two pipes `vpdpbusd` and the FMA share) instead of a
+                // broadcast load per lane: 5 -> 3.5 loads per (row, lane), which bounded the
+                // loop there
+                let halves =
+                    |b: &WBlock| [bcast128(b.aq.as_ptr()), bcast128(b.aq.as_ptr().add(16))];
+                let (h0, h1) = if T == 0 {
+                    (halves(b0), halves(b1))
+                } else {
+                    let z = _mm512_setzero_si512();
+                    ([z, z], [z, z])
+                };
                 for i in 0..8 {
                     let x = _mm512_loadu_si512(pb.add(64 * i) as *const _);
                     let (p0, p1) = if T == 0 {
                         (
-                            _mm512_dpbusd_epi32(bcast(&b0.aq, i), x, bcast(&b0.q, i)),
-                            _mm512_dpbusd_epi32(bcast(&b1.aq, i), x, bcast(&b1.q, i)),
+                            _mm512_dpbusd_epi32(lane(h0[i / 4], i % 4), x, bcast(&b0.q, i)),
+                            _mm512_dpbusd_epi32(lane(h1[i / 4], i % 4), x, bcast(&b1.q, i)),
                         )
                     } else {
                         let z = _mm512_setzero_si512();
@@ -1407,11 +1461,17 @@ mod avx512 {
                     let xs = _mm512_loadu_ps(pb.add(WIDE_OFF_S) as *const f32);
                     summs = _mm512_fmadd_ps(_mm512_set1_ps(wb.m), xs, summs);
                 }
+                // the start values' halves, as in `kernel2`
+                let h = if T == 0 || T == 2 {
+                    [bcast128(wb.aq.as_ptr()), bcast128(wb.aq.as_ptr().add(16))]
+                } else {
+                    [_mm512_setzero_si512(); 2]
+                };
                 for (i, ai) in a.iter_mut().enumerate() {
                     let x = _mm512_loadu_si512(pb.add(64 * i) as *const _);
                     let s = if T == 0 || T == 2 {
                         // (x + 128)·v from −128·Σv: Σx·v, the integer the codes' bias gives
-                        _mm512_dpbusd_epi32(bcast(&wb.aq, i), x, bcast(&wb.q, i))
+                        _mm512_dpbusd_epi32(lane(h[i / 4], i % 4), x, bcast(&wb.q, i))
                     } else {
                         // unsigned codes times signed activations, as on 256 bits
                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast(&wb.q, i), x)
