@@ -1372,7 +1372,7 @@ mod avx512 {
                 // the start values: each row's eight lane sums as two 128-bit halves in all
                 // four lanes, lane i picked by an in-lane `vpshufd` (Zen 5 runs it beside the
                 // conversions, off the two pipes `vpdpbusd` and the FMA share) instead of a
-                // broadcast load per lane: 5 -> 3.5 loads per (row, lane), which bounded the
+                // broadcast load per lane: 5 -> 3.5 loads per (row pair, lane), which bounded the
                 // loop there
                 let halves =
                     |b: &WBlock| [bcast128(b.aq.as_ptr()), bcast128(b.aq.as_ptr().add(16))];
