@@ -9,7 +9,9 @@
 //! spins before it yields adapts (see [`wait_until`]): when the pool's threads outnumber the
 //! cores they get, a waiter that spins keeps the thread it waits for off the core, and a fixed
 //! long spin made a two-thread mat-vec on one core 60 times slower than on one thread. Idle
-//! workers spin for a while after a job, then park until the next one.
+//! workers spin for a while after a job, then park until the next one. On Linux a worker that
+//! starts a job on the CPU of another of the pool's threads moves itself to a free one (see
+//! [`unstack`]).
 //!
 //! A panic inside a job is caught in the worker that raised it and returned by `run` as an
 //! error; the pool stays usable. A job must not return early on one thread while others still
@@ -62,7 +64,12 @@ struct Shared {
     /// First panic message of the current job.
     panic: Mutex<Option<String>>,
     sleeping: Vec<AtomicBool>,
+    /// The CPU each thread was last seen on ([`NO_CPU`] when unknown), see [`unstack`].
+    cpus: Vec<Padded<AtomicUsize>>,
 }
+
+/// A [`Shared::cpus`] slot whose thread has not said where it runs.
+const NO_CPU: usize = usize::MAX;
 
 /// A fixed set of worker threads. See the module docs.
 pub struct ThreadPool {
@@ -96,6 +103,7 @@ impl ThreadPool {
             generation: Padded(AtomicUsize::new(0)),
             panic: Mutex::new(None),
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            cpus: (0..n).map(|_| Padded(AtomicUsize::new(NO_CPU))).collect(),
         });
         let workers = (1..n)
             .map(|ith| {
@@ -141,6 +149,9 @@ impl ThreadPool {
             >(dyn_f)
         });
         *sh.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(erased);
+        sh.cpus[0]
+            .0
+            .store(placement::current_cpu(), Ordering::Relaxed);
         sh.done.0.store(0, Ordering::Relaxed);
         sh.epoch.0.fetch_add(1, Ordering::SeqCst);
         for (ith, w) in self.workers.iter().enumerate() {
@@ -249,6 +260,7 @@ fn worker(sh: Arc<Shared>, ith: usize) {
             }
         }
         let job = *sh.job.lock().unwrap_or_else(|e| e.into_inner());
+        unstack(&sh, ith);
         if let Some(JobPtr(f)) = job {
             // SAFETY: `run` published this pointer and keeps the closure alive until `done`
             // reaches n - 1, which happens only after this call returns.
@@ -258,6 +270,105 @@ fn worker(sh: Arc<Shared>, ith: usize) {
             }
         }
         sh.done.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Worker `ith`, about to run a job, moves itself off a CPU where another of the pool's threads
+/// was last seen, onto one of its allowed CPUs where none was, if there is one.
+///
+/// Linux sometimes wakes a parked worker on the CPU of the thread that woke it (seen on a
+/// two-vCPU VM: both pool threads on one vCPU, the other idle), and the two then keep that CPU
+/// busy in turns, each ever "cache hot", so the load balancer leaves them stacked for hundreds
+/// of milliseconds: a two-thread mat-vec ran at a third of its speed. The move pins the thread
+/// to the free CPU for the moment of the move and then gives it back its whole affinity mask,
+/// so the kernel stays free to place it later; with more threads than CPUs there is no free CPU
+/// and nothing moves. At most one move per thread every [`HOP_INTERVAL`].
+fn unstack(sh: &Shared, ith: usize) {
+    let me = placement::current_cpu();
+    sh.cpus[ith].0.store(me, Ordering::Relaxed);
+    if me == NO_CPU {
+        return;
+    }
+    let taken = |cpu: usize| {
+        sh.cpus
+            .iter()
+            .enumerate()
+            .any(|(j, c)| j != ith && c.0.load(Ordering::Relaxed) == cpu)
+    };
+    if !taken(me) {
+        return;
+    }
+    let now = std::time::Instant::now();
+    if LAST_HOP
+        .get()
+        .is_some_and(|t| now.duration_since(t) < HOP_INTERVAL)
+    {
+        return;
+    }
+    LAST_HOP.set(Some(now));
+    if let Some(cpu) = placement::hop(|cpu| !taken(cpu)) {
+        sh.cpus[ith].0.store(cpu, Ordering::Relaxed);
+    }
+}
+
+/// The shortest time between two moves of one thread by [`unstack`].
+const HOP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(2);
+
+thread_local! {
+    /// When this thread last moved itself (see [`unstack`]).
+    static LAST_HOP: Cell<Option<std::time::Instant>> = const { Cell::new(None) };
+}
+
+/// Where a thread runs, and moving it: Linux only; elsewhere nothing is known and nothing moves.
+#[cfg(target_os = "linux")]
+mod placement {
+    use super::NO_CPU;
+
+    /// The CPU the calling thread runs on, or [`NO_CPU`].
+    pub fn current_cpu() -> usize {
+        // SAFETY: `sched_getcpu` takes no arguments and only reads the thread's CPU number.
+        let c = unsafe { libc::sched_getcpu() };
+        usize::try_from(c).unwrap_or(NO_CPU)
+    }
+
+    /// Moves the calling thread to the first CPU of its affinity mask that `free` accepts, then
+    /// restores the mask; returns that CPU, or `None` when no CPU qualified or a call failed.
+    pub fn hop(free: impl Fn(usize) -> bool) -> Option<usize> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: an all-zero `cpu_set_t` is an empty set (a plain bit array).
+        let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `mask` is a valid, writable `cpu_set_t` of `size` bytes; pid 0 is this thread.
+        if unsafe { libc::sched_getaffinity(0, size, &mut mask) } != 0 {
+            return None;
+        }
+        let n_bits = 8 * size;
+        // SAFETY: `CPU_ISSET` reads bit `c` of `mask`, `c < n_bits`.
+        let cpu = (0..n_bits).find(|&c| unsafe { libc::CPU_ISSET(c, &mask) } && free(c))?;
+        // SAFETY: as above, zeroed is the empty set.
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu < n_bits`, inside the set.
+        unsafe { libc::CPU_SET(cpu, &mut one) };
+        // SAFETY: both sets are valid `cpu_set_t`s of `size` bytes; pid 0 is this thread. The
+        // first call moves the thread to `cpu` before it returns, the second gives back the
+        // mask it had.
+        let moved = unsafe { libc::sched_setaffinity(0, size, &one) } == 0;
+        // SAFETY: as above.
+        let restored = unsafe { libc::sched_setaffinity(0, size, &mask) } == 0;
+        debug_assert!(restored, "restoring a thread's own affinity mask failed");
+        moved.then_some(cpu)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod placement {
+    use super::NO_CPU;
+
+    pub fn current_cpu() -> usize {
+        NO_CPU
+    }
+
+    pub fn hop(_free: impl Fn(usize) -> bool) -> Option<usize> {
+        None
     }
 }
 
@@ -387,6 +498,91 @@ mod tests {
             c.join().unwrap();
         }
         assert_eq!(total.load(Ordering::Relaxed), 4 * 50 * 2);
+    }
+
+    /// The CPUs this thread may run on, in order.
+    #[cfg(target_os = "linux")]
+    fn allowed_cpus() -> Vec<usize> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: zeroed is the empty set.
+        let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `mask` is a valid, writable set of `size` bytes; pid 0 is this thread.
+        assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut mask) }, 0);
+        (0..8 * size)
+            // SAFETY: `c` is inside the set.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &mask) })
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_hop_moves_the_thread_and_gives_back_its_mask() {
+        thread::spawn(|| {
+            let before = allowed_cpus();
+            assert_eq!(placement::hop(|_| false), None);
+            assert_eq!(allowed_cpus(), before);
+            // to every other allowed CPU in turn (none on a one-CPU machine: no move)
+            let mut seen_there = 0;
+            for _ in 0..2 * before.len() {
+                let here = placement::current_cpu();
+                assert!(before.contains(&here), "{here} not in {before:?}");
+                let there = placement::hop(|c| c != here);
+                assert_eq!(allowed_cpus(), before, "the mask was not restored");
+                match there {
+                    Some(cpu) => {
+                        // the kernel may move the thread again at once, but not every time
+                        seen_there += usize::from(placement::current_cpu() == cpu);
+                        assert_ne!(cpu, here);
+                        assert!(before.contains(&cpu));
+                    }
+                    None => assert_eq!(before, vec![here]),
+                }
+            }
+            assert!(
+                before.len() == 1 || seen_there > 0,
+                "never ran where it hopped"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_worker_on_another_threads_cpu_moves_to_a_free_one() {
+        thread::spawn(|| {
+            let allowed = allowed_cpus();
+            let pool = ThreadPool::new(2);
+            let sh = &*pool.shared;
+            let here = placement::current_cpu();
+            // this thread plays worker 1 and finds thread 0 on its own CPU
+            sh.cpus[0].0.store(here, Ordering::Relaxed);
+            unstack(sh, 1);
+            let moved_to = sh.cpus[1].0.load(Ordering::Relaxed);
+            if allowed.len() > 1 {
+                assert_ne!(moved_to, here, "stayed on thread 0's CPU {here}");
+                assert!(allowed.contains(&moved_to));
+            } else {
+                assert_eq!(moved_to, here);
+            }
+            // not stacked: no move, the slot says where it runs
+            sh.cpus[0].0.store(NO_CPU, Ordering::Relaxed);
+            unstack(sh, 1);
+            assert!(allowed.contains(&sh.cpus[1].0.load(Ordering::Relaxed)));
+            // every allowed CPU taken by another thread: nowhere to go
+            let crowded = ThreadPool::new(allowed.len() + 1);
+            let csh = &*crowded.shared;
+            for (j, &c) in allowed.iter().enumerate() {
+                csh.cpus[j].0.store(c, Ordering::Relaxed);
+            }
+            let me = allowed.len();
+            LAST_HOP.set(None);
+            unstack(csh, me);
+            let stayed = csh.cpus[me].0.load(Ordering::Relaxed);
+            assert!(allowed.contains(&stayed));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
