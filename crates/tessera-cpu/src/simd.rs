@@ -87,8 +87,9 @@ pub fn avx_vnni_available() -> bool {
 
 /// Whether this CPU is AMD's (vendor string `AuthenticAMD`; asked once). Only defaults that
 /// were measured to go opposite ways on AMD and Intel cores ask it (the interleaved rows, see
-/// `crate::interleave_by_default`, and their kernels' software prefetch); no result depends
-/// on it.
+/// `crate::interleave_by_default`, and their kernels' software prefetch; the bf16 GEMM on
+/// `vdpbf16ps`, `ops::matmul_bf16::gemm_available`, whose sums are that instruction's where
+/// the widened path's are f32 FMAs: the one result that depends on it).
 pub fn amd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -264,6 +264,227 @@ fn bf16_mul_mat_equals_the_emulated_instruction() {
     }
 }
 
+/// The activations' rounding to the weights' type eight at a time (`round_slice` on AVX2:
+/// F16C for f16, integer arithmetic for bf16) keeps `half`'s bits for every kind of value:
+/// ties, carries into the exponent, overflow to infinity, f32 and f16 denormals, infinities,
+/// quiet and signalling NaNs with their payloads, and random bit patterns; lengths that leave
+/// a tail of one to seven.
+#[test]
+fn rounding_activations_eight_at_a_time_keeps_halfs_bits() {
+    use tessera_cpu::ops::matmul::{round_slice, round_to};
+    use tessera_cpu::Isa;
+    let isa = tessera_cpu::simd::isa();
+    assert!(isa >= Isa::Avx2 || !cfg!(target_arch = "x86_64") || isa == Isa::Scalar);
+    let mut vals: Vec<f32> = [
+        0x0000_0000u32,
+        0x8000_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0xffc0_0001,
+        0x7f80_0001, // signalling NaN, payload in the low bits only
+        0x7fa0_0000, // signalling NaN, payload in bf16's bits
+        0x7fff_ffff,
+        0x0000_0001, // the smallest f32 denormal
+        0x007f_ffff, // the largest
+        0x3f80_8000, // bf16 tie, even kept
+        0x3f81_8000, // bf16 tie, odd rounded up
+        0x3f80_8001,
+        0x7f7f_ffff, // f32 max: bf16 rounds to infinity
+        0x477f_e000, // 65504, f16 max
+        0x477f_f000, // 65520: f16 rounds to infinity
+        0x3380_0000, // 2^-24, the smallest f16 denormal
+        0x3300_0000, // 2^-25: f16 tie to zero
+        0x3300_0001,
+        0x387f_c000, // just under f16's smallest normal
+        0x3f80_1000, // f16 tie
+        0x3f80_3000,
+    ]
+    .iter()
+    .map(|&b| f32::from_bits(b))
+    .collect();
+    let mut rng = Rng::new(40);
+    for _ in 0..200_000 {
+        vals.push(f32::from_bits(rng.next_u64() as u32));
+    }
+    for dt in [DType::F16, DType::BF16] {
+        for len in [vals.len(), vals.len() - 3, 7, 1] {
+            for start in [0, 5] {
+                let src = &vals[start..start + len - start.min(len - 1)];
+                let mut got = vec![0f32; src.len()];
+                round_slice(isa, dt, src, &mut got);
+                for (i, (&g, &x)) in got.iter().zip(src).enumerate() {
+                    let want = round_to(dt, x);
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{dt} {isa:?} element {i}: {:#010x} rounded to {:#010x}, half gives {:#010x}",
+                        x.to_bits(),
+                        g.to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Rows of bf16 pairs as the `vdpbf16ps` GEMM packs them: `panels` panels of 16 rows, pair
+/// `p` of row `r` of panel `w` at `(w·kp + p)·16 + r`.
+#[cfg(target_arch = "x86_64")]
+fn pack_pairs(rows: &[Vec<u16>], width: usize, kp: usize) -> Vec<u32> {
+    let mut out = vec![0u32; rows.len().div_ceil(width) * width * kp];
+    for (r, row) in rows.iter().enumerate() {
+        let (w, rr) = (r / width, r % width);
+        for p in 0..kp {
+            let at = |i: usize| row.get(i).copied().unwrap_or(0) as u32;
+            out[(w * kp + p) * width + rr] = at(2 * p) | (at(2 * p + 1) << 16);
+        }
+    }
+    out
+}
+
+/// The `vdpbf16ps` GEMM micro-kernel returns its emulation's bits: one and two panels, every
+/// pair count from 1 to 40 and 128 (odd lengths padded with zero), partial tiles, and the
+/// accumulating form (a second block added to what the tile holds). (An x86 kernel.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn bf16_gemm_kernel_equals_its_emulation() {
+    if !bf16_kernels_here() {
+        return;
+    }
+    use tessera_cpu::ops::matmul_bf16::{gemm_dot_emulated, gemm_kernel, GEMM_MR};
+    let mut rng = Rng::new(41);
+    for kp in (1..=40).chain([128]) {
+        for w in [1usize, 2] {
+            let k = 2 * kp - (kp % 2); // odd lengths for odd pair counts
+            let arows: Vec<Vec<u16>> = (0..16 * w).map(|_| bf16_row(&mut rng, k)).collect();
+            let bcols: Vec<Vec<u16>> = (0..GEMM_MR).map(|_| bf16_row(&mut rng, k)).collect();
+            let ap = pack_pairs(&arows, 16, kp);
+            let bp = pack_pairs(&bcols, GEMM_MR, kp);
+            let bf: Vec<Vec<f32>> = bcols
+                .iter()
+                .map(|c| {
+                    c.iter()
+                        .map(|&h| half::bf16::from_bits(h).to_f32())
+                        .collect()
+                })
+                .collect();
+            let (rows, cols) = (GEMM_MR - kp % 3, 16 * w - kp % 5);
+            let ldc = 40;
+            let mut c = vec![7.0f32; GEMM_MR * ldc];
+            for accumulate in [false, true] {
+                // SAFETY: the CPU has AVX-512 BF16 (checked above); ap holds w panels of
+                // kp·16 pairs, bp kp·GEMM_MR; c holds GEMM_MR rows of ldc ≥ cols floats.
+                unsafe {
+                    let (pa, pb, pc) = (ap.as_ptr(), bp.as_ptr(), c.as_mut_ptr());
+                    if w == 2 {
+                        gemm_kernel::<2>(kp, pa, pb, pc, ldc, rows, cols, accumulate);
+                    } else {
+                        gemm_kernel::<1>(kp, pa, pb, pc, ldc, rows, cols, accumulate);
+                    }
+                }
+                for r in 0..GEMM_MR {
+                    for j in 0..ldc {
+                        let got = c[r * ldc + j];
+                        let want = if r < rows && j < cols {
+                            let one = gemm_dot_emulated(&arows[j], &bf[r], 2 * kp);
+                            if accumulate {
+                                one + one
+                            } else {
+                                one
+                            }
+                        } else {
+                            7.0
+                        };
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "kp={kp} w={w} accumulate={accumulate} [{r}][{j}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// mul_mat of bf16 weights with more than four columns, where the `vdpbf16ps` GEMM is chosen
+/// (AMD CPUs with AVX512_BF16): every output is its emulation's value, bit for bit, for
+/// several KC blocks with an odd last one, partial and odd panel counts, split columns, a
+/// transposed (strided) `a`, broadcast batches and 1–3 threads.
+#[test]
+fn bf16_gemm_equals_the_emulated_instruction() {
+    use tessera::Session;
+    use tessera_cpu::ops::matmul_bf16::{gemm_available, gemm_dot_emulated};
+    use tessera_cpu::Isa;
+    if !bf16_kernels_here() {
+        return;
+    }
+    if !gemm_available(Isa::Avx512) {
+        eprintln!("the vdpbf16ps GEMM is not chosen on this CPU (not AMD's): not checked");
+        return;
+    }
+    let mut rng = Rng::new(42);
+    for (k, m, n, b2, transposed) in [
+        (257, 33, 13, 1, false),
+        (64, 100, 7, 2, false),
+        (600, 48, 5, 1, true),
+        (1030, 70, 9, 1, false),
+        (40, 8, 200, 1, false),
+        (513, 120, 30, 2, true),
+    ] {
+        let mut g = Graph::new();
+        let (src, a) = if transposed {
+            let at = g.new_tensor(DType::BF16, &[m, k, 1, 1]).unwrap();
+            (at, g.transpose(at).unwrap())
+        } else {
+            let a = g.new_tensor(DType::BF16, &[k, m, 1, 1]).unwrap();
+            (a, a)
+        };
+        let b = g.new_f32(&[k, n, b2, 1]).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        let mut s = Session::new(g, &[y]).unwrap();
+        // a[row][i] as bf16 bits, set through the source tensor's own layout
+        let ab: Vec<Vec<u16>> = (0..m).map(|_| bf16_row(&mut rng, k)).collect();
+        let src_vals: Vec<f32> = if transposed {
+            (0..k * m)
+                .map(|e| half::bf16::from_bits(ab[e % m][e / m]).to_f32())
+                .collect()
+        } else {
+            (0..k * m)
+                .map(|e| half::bf16::from_bits(ab[e / k][e % k]).to_f32())
+                .collect()
+        };
+        let bv: Vec<f32> = (0..k * n * b2)
+            .map(|i| if i % 17 == 3 { 150.0 } else { 1.0 } * rng.uniform(-1.0, 1.0))
+            .collect();
+        s.set_f32(src, &src_vals).unwrap();
+        s.set_f32(b, &bv).unwrap();
+        for th in 1..=3 {
+            let cpu = tessera_cpu::CpuBackend::with_isa(th, Isa::Avx512);
+            s.compute(&cpu).unwrap();
+            let got = s.get_f32(y).unwrap();
+            for col in 0..n * b2 {
+                let bc: Vec<f32> = bv[col * k..(col + 1) * k]
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect();
+                for (row, arow) in ab.iter().enumerate() {
+                    let want = gemm_dot_emulated(arow, &bc, tessera_cpu::ops::matmul::KC);
+                    let v = got[col * m + row];
+                    assert_eq!(
+                        v.to_bits(),
+                        want.to_bits(),
+                        "k={k} m={m} n={n} b2={b2} transposed={transposed} {th} threads: \
+                         [{col}, {row}] {v} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The AVX-512 GEMM micro-kernel (two panels of `a` in 16-lane registers) forms every sum with
 /// the AVX2 kernel's chain of fused multiply-adds: f32, f16 and bf16 weights, partial tiles,
 /// odd panel counts, several KC blocks and split columns give the AVX2 path's bits.
@@ -284,6 +505,11 @@ fn avx512_gemm_equals_the_avx2_gemm_bit_for_bit() {
         (DType::F32, 1030, 48, 5),
         (DType::F32, 40, 8, 200),
     ] {
+        if dt == DType::BF16 && tessera_cpu::ops::matmul_bf16::gemm_available(Isa::Avx512) {
+            // this CPU's bf16 GEMM is `vdpbf16ps`'s, checked against its emulation instead
+            // (`bf16_gemm_equals_the_emulated_instruction`)
+            continue;
+        }
         let mut g = Graph::new();
         let a = g.new_tensor(dt, &[k, m]).unwrap();
         let b = g.new_f32(&[k, n]).unwrap();

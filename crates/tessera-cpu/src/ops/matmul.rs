@@ -13,6 +13,8 @@
 //!
 //! Quantized weights take the fallback path until the quantization issue lands.
 
+use std::ops::Range;
+
 use tessera::{DType, Result, Tensor};
 
 use crate::exec::NodeCtx;
@@ -375,12 +377,14 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             unsafe {
                 let src = ctx.src[1].add(i1 * b0.nb[1] + i2 * b0.nb[2] + i3 * b0.nb[3]);
                 let dst = (ctx.wdata as *mut f32).add(col * k);
+                #[cfg(target_arch = "x86_64")]
+                if b0.nb[0] == 4 && ctx.isa >= Isa::Avx2 && ctx.isa != Isa::Neon {
+                    // Avx2 is chosen only when the CPU has AVX2 and F16C
+                    avx2::round_row(a.dtype, src as *const f32, dst, k);
+                    continue;
+                }
                 for kk in 0..k {
-                    let v = *(src.add(kk * b0.nb[0]) as *const f32);
-                    *dst.add(kk) = match a.dtype {
-                        DType::F16 => half::f16::from_f32(v).to_f32(),
-                        _ => half::bf16::from_f32(v).to_f32(),
-                    };
+                    *dst.add(kk) = round_to(a.dtype, *(src.add(kk * b0.nb[0]) as *const f32));
                 }
             }
         }
@@ -449,7 +453,36 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
         }
         return Ok(());
     }
+    if a.dtype == DType::BF16 && super::matmul_bf16::gemm_available(ctx.isa) {
+        return super::matmul_bf16::gemm(ctx, a, b, bsrc, conv, d, (k, m, n), (r2, r3));
+    }
     gemm(ctx, a, b, bsrc, conv, d, (k, m, n), (r2, r3))
+}
+
+/// `v` rounded to `dtype` (f16, or bf16 for any other type) and widened back: what ggml's
+/// conversion of the activations to the weights' type keeps.
+#[inline(always)]
+pub fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(v).to_f32(),
+        _ => half::bf16::from_f32(v).to_f32(),
+    }
+}
+
+/// `round_to` over `src` into `dst` (equal lengths), eight at a time where the CPU has AVX2:
+/// the same bits (for tests and benchmarks).
+pub fn round_slice(isa: Isa, dtype: DType, src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "round_slice: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa != Isa::Neon {
+        // SAFETY: both slices hold `src.len()` f32; Avx2 is chosen only with AVX2 and F16C.
+        unsafe { avx2::round_row(dtype, src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+        return;
+    }
+    let _ = isa;
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = round_to(dtype, s);
+    }
 }
 
 /// `out[j] = Σ_i a[i] · b_j[i]` for one row of `a` against up to `MV_MAX_N` columns.
@@ -500,20 +533,49 @@ unsafe fn dot_rows(
 /// The shape and byte strides of `b` as the kernels read it (a plain copy: cloning the
 /// `Tensor` would allocate on every run).
 #[derive(Clone, Copy)]
-struct BView {
-    ne: [usize; 4],
-    nb: [usize; 4],
+pub(crate) struct BView {
+    pub(crate) ne: [usize; 4],
+    pub(crate) nb: [usize; 4],
 }
 
 /// How the GEMM splits its work: output tiles of `mchunk` rows of `a` × `nsplit` column ranges
 /// of `b`, for every broadcast batch.
-struct Split {
-    mchunk: usize,
-    mchunks: usize,
-    nsplit: usize,
+pub(crate) struct Split {
+    pub(crate) mchunk: usize,
+    pub(crate) mchunks: usize,
+    pub(crate) nsplit: usize,
 }
 
-fn split_work(m: usize, n: usize, batches: usize, nth: usize) -> Split {
+/// Where one job of a [`Split`] works: byte offsets of its broadcast batch in `a`, `b` and
+/// `dst`, its rows of `a` and its columns of `b`.
+pub(crate) type JobSpan = (usize, usize, usize, Range<usize>, Range<usize>);
+
+impl Split {
+    /// Job `job` (of `batches · mchunks · nsplit`), its column ranges rounded to `mr`.
+    pub(crate) fn span(
+        &self,
+        job: usize,
+        mr: usize,
+        (a, b, d): (&Tensor, &BView, &Tensor),
+        (m, n): (usize, usize),
+        (r2, r3): (usize, usize),
+    ) -> JobSpan {
+        let ns_i = job % self.nsplit;
+        let mc_i = (job / self.nsplit) % self.mchunks;
+        let bi = job / (self.nsplit * self.mchunks);
+        let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
+        let ncols = n.div_ceil(self.nsplit).next_multiple_of(mr);
+        (
+            (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3],
+            i2 * b.nb[2] + i3 * b.nb[3],
+            i2 * d.nb[2] + i3 * d.nb[3],
+            mc_i * self.mchunk..((mc_i + 1) * self.mchunk).min(m),
+            (ns_i * ncols).min(n)..((ns_i + 1) * ncols).min(n),
+        )
+    }
+}
+
+pub(crate) fn split_work(m: usize, n: usize, batches: usize, nth: usize) -> Split {
     // A thread packs its rows of a and every column of b it multiplies them with. When b has
     // more columns than a has rows (training's activations: many tokens, few features) and the
     // batches do not keep every thread busy, split b's columns instead of a's rows, so that no
@@ -573,16 +635,9 @@ fn gemm(
     let mut row = [0f32; KC];
     let wide = cfg!(target_arch = "x86_64") && ctx.isa == Isa::Avx512;
     for job in ctx.share(jobs) {
-        let ns_i = job % sp.nsplit;
-        let mc_i = (job / sp.nsplit) % sp.mchunks;
-        let bi = job / (sp.nsplit * sp.mchunks);
-        let (i2, i3) = (bi % b.ne[2], bi / b.ne[2]);
-        let a_base = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
-        let b_base = i2 * b.nb[2] + i3 * b.nb[3];
-        let d_base = i2 * d.nb[2] + i3 * d.nb[3];
-        let (m0, m1) = (mc_i * sp.mchunk, ((mc_i + 1) * sp.mchunk).min(m));
-        let ncols = n.div_ceil(sp.nsplit).next_multiple_of(MR);
-        let (nj0, nj1) = ((ns_i * ncols).min(n), ((ns_i + 1) * ncols).min(n));
+        let (a_base, b_base, d_base, rows_a, cols_b) =
+            sp.span(job, MR, (a, b, d), (m, n), (r2, r3));
+        let ((m0, m1), (nj0, nj1)) = ((rows_a.start, rows_a.end), (cols_b.start, cols_b.end));
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
@@ -835,6 +890,50 @@ mod avx2 {
             }
             for (j, o) in out.iter_mut().enumerate().skip(i) {
                 *o = super::load_f(dtype, row, k0 + j);
+            }
+        }
+    }
+
+    /// `dst[i] = src[i]` rounded to `dtype` (f16 or bf16) and widened back to f32: the bits of
+    /// [`super::round_to`], eight at a time (F16C's round to nearest even for f16; for bf16
+    /// half's rule in integers: add 0x7FFF plus the kept part's lowest bit, a NaN quieted).
+    ///
+    /// # Safety
+    /// `src` and `dst` hold `k` f32; the CPU has AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn round_row(dtype: DType, src: *const f32, dst: *mut f32, k: usize) {
+        // SAFETY: loads and stores below k (the caller's contract).
+        unsafe {
+            let mut i = 0;
+            if dtype == DType::F16 {
+                while i + 8 <= k {
+                    let h =
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+                    _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(h));
+                    i += 8;
+                }
+            } else {
+                let one = _mm256_set1_epi32(1);
+                let bias = _mm256_set1_epi32(0x7fff);
+                let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
+                let abs = _mm256_set1_epi32(0x7fff_ffff);
+                let inf = _mm256_set1_epi32(0x7f80_0000);
+                let quiet = _mm256_set1_epi32(0x0040_0000);
+                while i + 8 <= k {
+                    let x = _mm256_loadu_si256(src.add(i) as *const __m256i);
+                    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), one);
+                    let r = _mm256_add_epi32(x, _mm256_add_epi32(bias, lsb));
+                    let r = _mm256_and_si256(r, high);
+                    // |x| above infinity's bits: a NaN (both sides non-negative as i32)
+                    let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+                    let q = _mm256_or_si256(_mm256_and_si256(x, high), quiet);
+                    let v = _mm256_blendv_epi8(r, q, nan);
+                    _mm256_storeu_si256(dst.add(i) as *mut __m256i, v);
+                    i += 8;
+                }
+            }
+            for j in i..k {
+                *dst.add(j) = super::round_to(dtype, *src.add(j));
             }
         }
     }
