@@ -207,6 +207,38 @@ fn bf16_matvec_kernel_equals_its_emulation() {
     }
 }
 
+/// The AVX-512 BF16 mat-vec's four-rows-a-call form (one column) gives each row
+/// `dot_rows`'s bits, that is its emulation's. (An x86 kernel.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn bf16_four_rows_at_once_equal_their_emulation() {
+    if !bf16_kernels_here() {
+        return;
+    }
+    use tessera_cpu::ops::matmul_bf16::{dot_emulated, dot_rows4};
+    let mut rng = Rng::new(43);
+    for k in (1..=130).chain([255, 256, 257, 1000, 4096]) {
+        let rows: Vec<Vec<u16>> = (0..4).map(|_| bf16_row(&mut rng, k)).collect();
+        let col: Vec<f32> = bf16_row(&mut rng, k)
+            .iter()
+            .map(|&h| half::bf16::from_bits(h).to_f32())
+            .collect();
+        let ptrs: [*const u16; 4] = std::array::from_fn(|r| rows[r].as_ptr());
+        // SAFETY: the CPU has AVX-512 BF16 (checked above); every row and the column hold k
+        // values.
+        let got = unsafe { dot_rows4(ptrs, col.as_ptr(), k) };
+        for (r, row) in rows.iter().enumerate() {
+            let want = dot_emulated(row, &col);
+            assert_eq!(
+                got[r].to_bits(),
+                want.to_bits(),
+                "k={k} row {r}: {} vs emulation {want}",
+                got[r]
+            );
+        }
+    }
+}
+
 /// mul_mat of bf16 weights under `Isa::Avx512` with AVX512_BF16: the mat-vec path (one to
 /// four columns, broadcast batches, 1–3 threads) stores exactly its emulation's values.
 #[test]

@@ -412,7 +412,24 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let d_off = i2 * d.nb[2] + i3 * d.nb[3];
             #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut im = rows.start;
-            // one column: four rows a call (`avx2::dot_rows4`, the same bits as one at a time)
+            // one column: four rows a call (`dot_rows4`, the same bits as one at a time)
+            #[cfg(target_arch = "x86_64")]
+            if n == 1 && a.dtype == DType::BF16 && super::matmul_bf16::available(ctx.isa) {
+                while im + 4 <= rows.end {
+                    // SAFETY: as below, for rows im..im + 4; `available` checked the CPU.
+                    unsafe {
+                        let ar: [*const u16; 4] = std::array::from_fn(|r| {
+                            ctx.src[0].add(a_off + (im + r) * a.nb[1]) as *const u16
+                        });
+                        let bc = bsrc.add(b_off) as *const f32;
+                        let v = super::matmul_bf16::dot_rows4(ar, bc, k);
+                        for (r, y) in v.into_iter().enumerate() {
+                            *(ctx.dst.add(d_off + (im + r) * 4) as *mut f32) = y;
+                        }
+                    }
+                    im += 4;
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             if n == 1
                 && ctx.isa >= Isa::Avx2
