@@ -15,7 +15,9 @@
 //! alternating 32-element steps (ggml's `c1`/`c2`), a masked last step, and a fixed reduction:
 //! the two accumulators added, the 512-bit vector folded to 256 bits (low + high half) and then
 //! to one value as the AVX2 path's `hsum` does. [`dot_emulated`] computes the same thing in
-//! plain Rust, bit for bit; the tests compare the two.
+//! plain Rust, bit for bit; the tests compare the two. One column takes four rows a call
+//! (`dot_rows4`: the column's pairs formed once, eight chains in flight, each row's bits
+//! unchanged).
 //!
 //! The GEMM ([`gemm`], more columns), on AMD CPUs only ([`gemm_available`]): `a`'s rows and
 //! `b`'s columns packed as bf16 pairs (eight-by-eight transposes), a tile of 8 columns × 32 rows
