@@ -11,7 +11,7 @@
 //! long spin made a two-thread mat-vec on one core 60 times slower than on one thread. Idle
 //! workers spin for a while after a job, then park until the next one. On Linux a worker that
 //! starts a job on the CPU of another of the pool's threads moves itself to a free one (see
-//! [`unstack`]).
+//! `unstack`).
 //!
 //! A panic inside a job is caught in the worker that raised it and returned by `run` as an
 //! error; the pool stays usable. A job must not return early on one thread while others still

@@ -19,7 +19,7 @@
 //! (`dot_rows4`: the column's pairs formed once, eight chains in flight, each row's bits
 //! unchanged).
 //!
-//! The GEMM ([`gemm`], more columns), on AMD CPUs only ([`gemm_available`]): `a`'s rows and
+//! The GEMM (`gemm`, more columns), on AMD CPUs only ([`gemm_available`]): `a`'s rows and
 //! `b`'s columns packed as bf16 pairs (eight-by-eight transposes), a tile of 8 columns × 32 rows
 //! in sixteen accumulators, one accumulator per output and `KC` block running through the
 //! block's pairs in order, the blocks' sums added in f32 ([`gemm_dot_emulated`], bit for bit).
@@ -68,7 +68,7 @@ pub fn available(isa: Isa) -> bool {
     }
 }
 
-/// Whether bf16 GEMMs (more than `MV_MAX_N` columns) take [`gemm`]: [`available`] and the CPU
+/// Whether bf16 GEMMs (more than `MV_MAX_N` columns) take `gemm`: [`available`] and the CPU
 /// is AMD's. Zen 5 retires two 512-bit `vdpbf16ps` a cycle (64 products, measured), twice the
 /// products of its two FMAs; the Xeon measured earlier retired one every two cycles, a quarter
 /// of its FMAs' products, so Intel CPUs keep widening to f32 (see the module doc).
@@ -138,7 +138,7 @@ pub fn dot_emulated(a: &[u16], b: &[f32]) -> f32 {
     p[0] + p[1]
 }
 
-/// The GEMM's value of `Σ_i a[i] · b[i]` (see [`gemm`]) computed in plain Rust, bit for bit:
+/// The GEMM's value of `Σ_i a[i] · b[i]` (see `gemm`) computed in plain Rust, bit for bit:
 /// for each block of `kc` elements (the packed depth, [`KC`]) one accumulator starts at zero
 /// and takes the block's pairs `(2j, 2j+1)` in order with `vdpbf16ps`'s rules (odd product
 /// first; a missing odd element of an odd-length block counts as +0), and the blocks' sums
@@ -495,7 +495,7 @@ mod x86 {
         }
     }
 
-    /// [`super::gemm`]'s micro-kernel: `C[r][j] (+)= Σ_p bp[p][r] · ap[p][j]` over `kp` bf16
+    /// `gemm`'s micro-kernel: `C[r][j] (+)= Σ_p bp[p][r] · ap[p][j]` over `kp` bf16
     /// pairs for a `GEMM_MR × (W·NR)` tile, `W` panels of `NR` rows each (`W` = 1 or 2); `rows
     /// × cols` of it kept.
     ///
