@@ -443,7 +443,8 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         let ar: [*const u8; 4] =
                             std::array::from_fn(|r| ctx.src[0].add(a_off + (im + r) * a.nb[1]));
                         let bc = bsrc.add(b_off) as *const f32;
-                        let v = avx2::dot_rows4(a.dtype, ar, bc, k);
+                        // the next call's rows start 4·nb1 bytes after these
+                        let v = avx2::dot_rows4(a.dtype, ar, bc, k, 4 * a.nb[1]);
                         for (r, y) in v.into_iter().enumerate() {
                             *(ctx.dst.add(d_off + (im + r) * 4) as *mut f32) = y;
                         }
@@ -1002,25 +1003,39 @@ mod avx2 {
     /// latency (16 elements per 4 cycles, about 32 GB/s of f16 on a 4 GHz core); four rows
     /// give four independent chains and share the column's loads. Each row is prefetched 2 KiB
     /// ahead (four rows 8 KiB apart otherwise streamed at 26-31 GB/s from memory on a Zen 5
-    /// core, 41-42 with it).
+    /// core, 41-42 with it), and within 2 KiB of its end the row `next` bytes further on (the
+    /// next call's rows, so that they do not start cold: f16 from memory 27-34 -> 33-36 GB/s
+    /// on one Zen 5 thread, more the shorter the rows). A prefetch is only a hint: `next` may
+    /// point anywhere.
     ///
     /// # Safety
     /// Every `a[r]` has k elements of `dtype`, `b` k floats; the CPU has AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_rows4(dtype: DType, a: [*const u8; 4], b: *const f32, k: usize) -> [f32; 4] {
+    pub unsafe fn dot_rows4(
+        dtype: DType,
+        a: [*const u8; 4],
+        b: *const f32,
+        k: usize,
+        next: usize,
+    ) -> [f32; 4] {
         // SAFETY: forwarded.
         unsafe {
             match dtype {
-                DType::F32 => rows4::<0>(a, b, k),
-                DType::F16 => rows4::<1>(a, b, k),
-                _ => rows4::<2>(a, b, k),
+                DType::F32 => rows4::<0>(a, b, k, next),
+                DType::F16 => rows4::<1>(a, b, k, next),
+                _ => rows4::<2>(a, b, k, next),
             }
         }
     }
 
     /// [`dot_rows4`] for one element type (`T`: 0 f32, 1 f16, 2 bf16, as [`load8`] reads them).
     #[inline(always)]
-    unsafe fn rows4<const T: u8>(a: [*const u8; 4], b: *const f32, k: usize) -> [f32; 4] {
+    unsafe fn rows4<const T: u8>(
+        a: [*const u8; 4],
+        b: *const f32,
+        k: usize,
+        next: usize,
+    ) -> [f32; 4] {
         let dtype = match T {
             0 => DType::F32,
             1 => DType::F16,
@@ -1036,8 +1051,16 @@ mod avx2 {
             while i + 16 <= k {
                 let (b0, b1) = (_mm256_loadu_ps(b.add(i)), _mm256_loadu_ps(b.add(i + 8)));
                 if i % (64 / es) == 0 {
+                    // past a row's end, the same place in the row `next` bytes on (the next
+                    // call's), so that those rows start prefetched too
+                    let ahead = es * i + PF;
+                    let at = if ahead < es * k {
+                        ahead
+                    } else {
+                        next.wrapping_add(ahead - es * k)
+                    };
                     for &ar in &a {
-                        _mm_prefetch::<_MM_HINT_T0>(ar.wrapping_add(es * i + PF) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(ar.wrapping_add(at) as *const i8);
                     }
                 }
                 for r in 0..4 {
@@ -1271,7 +1294,7 @@ mod tests {
                 let ptrs: [*const u8; 4] = std::array::from_fn(|r| rows[r].as_ptr());
                 // SAFETY: the CPU has AVX2, FMA and F16C (checked above); every row holds k
                 // elements of dtype and b k floats.
-                let four = unsafe { avx2::dot_rows4(dtype, ptrs, b.as_ptr(), k) };
+                let four = unsafe { avx2::dot_rows4(dtype, ptrs, b.as_ptr(), k, 0) };
                 for (r, &got) in four.iter().enumerate() {
                     let mut one = [0f32];
                     // SAFETY: as above.
