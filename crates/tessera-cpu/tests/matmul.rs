@@ -2,6 +2,7 @@
 //! transposed (strided) operands, broadcasting over dims 2 and 3, any thread count and ISA.
 
 mod common;
+mod float_emu;
 
 use common::*;
 use tessera::{DType, Graph};
@@ -34,6 +35,20 @@ fn mul_mat_matches_the_reference() {
             &format!("mul_mat {dt} k={k} m={m} n={n} a2={a2} b2={b2} b3={b3}"),
         );
     }
+}
+
+/// The float kernels of this CPU's ISA (AVX2; AVX-512's GEMM) compute the AVX2 arithmetic
+/// exactly as `float_emu` writes it out; `tests/neon.rs` holds the NEON kernels to the same.
+#[test]
+fn float_mul_mat_equals_the_emulated_avx2_arithmetic() {
+    let isa = tessera_cpu::simd::isa();
+    if isa == tessera_cpu::Isa::Scalar {
+        eprintln!("float kernels not checked: TESSERA_ISA=scalar or no AVX2");
+        return;
+    }
+    // 45 cases; on AMD with AVX512-BF16 the 15 bf16 ones take `vdpbf16ps`
+    let checked = float_emu::check_float_mul_mat(isa);
+    assert!(checked >= 30, "only {checked} cases checked");
 }
 
 #[test]
@@ -303,62 +318,10 @@ fn bf16_mul_mat_equals_the_emulated_instruction() {
 /// a tail of one to seven.
 #[test]
 fn rounding_activations_eight_at_a_time_keeps_halfs_bits() {
-    use tessera_cpu::ops::matmul::{round_slice, round_to};
     use tessera_cpu::Isa;
     let isa = tessera_cpu::simd::isa();
     assert!(isa >= Isa::Avx2 || !cfg!(target_arch = "x86_64") || isa == Isa::Scalar);
-    let mut vals: Vec<f32> = [
-        0x0000_0000u32,
-        0x8000_0000,
-        0x7f80_0000,
-        0xff80_0000,
-        0x7fc0_0000,
-        0xffc0_0001,
-        0x7f80_0001, // signalling NaN, payload in the low bits only
-        0x7fa0_0000, // signalling NaN, payload in bf16's bits
-        0x7fff_ffff,
-        0x0000_0001, // the smallest f32 denormal
-        0x007f_ffff, // the largest
-        0x3f80_8000, // bf16 tie, even kept
-        0x3f81_8000, // bf16 tie, odd rounded up
-        0x3f80_8001,
-        0x7f7f_ffff, // f32 max: bf16 rounds to infinity
-        0x477f_e000, // 65504, f16 max
-        0x477f_f000, // 65520: f16 rounds to infinity
-        0x3380_0000, // 2^-24, the smallest f16 denormal
-        0x3300_0000, // 2^-25: f16 tie to zero
-        0x3300_0001,
-        0x387f_c000, // just under f16's smallest normal
-        0x3f80_1000, // f16 tie
-        0x3f80_3000,
-    ]
-    .iter()
-    .map(|&b| f32::from_bits(b))
-    .collect();
-    let mut rng = Rng::new(40);
-    for _ in 0..200_000 {
-        vals.push(f32::from_bits(rng.next_u64() as u32));
-    }
-    for dt in [DType::F16, DType::BF16] {
-        for len in [vals.len(), vals.len() - 3, 7, 1] {
-            for start in [0, 5] {
-                let src = &vals[start..start + len - start.min(len - 1)];
-                let mut got = vec![0f32; src.len()];
-                round_slice(isa, dt, src, &mut got);
-                for (i, (&g, &x)) in got.iter().zip(src).enumerate() {
-                    let want = round_to(dt, x);
-                    assert_eq!(
-                        g.to_bits(),
-                        want.to_bits(),
-                        "{dt} {isa:?} element {i}: {:#010x} rounded to {:#010x}, half gives {:#010x}",
-                        x.to_bits(),
-                        g.to_bits(),
-                        want.to_bits()
-                    );
-                }
-            }
-        }
-    }
+    float_emu::check_rounding(isa, 200_000);
 }
 
 /// Rows of bf16 pairs as the `vdpbf16ps` GEMM packs them: `panels` panels of 16 rows, pair

@@ -14,8 +14,23 @@ use tessera_cpu::ops::matmul_quant::{self, vec_dot_type};
 use tessera_cpu::ops::{qdot, qdot_neon};
 use tessera_cpu::Isa;
 
+mod float_emu;
 mod qdot_common;
 use qdot_common::*;
+
+/// The NEON float mul_mat (mat-vec one and four rows a call, GEMM, f16/bf16 rows widened,
+/// activations rounded to the weights' type) gives the x86 AVX2 path's bits: the emulation
+/// `tests/matmul.rs` holds the AVX2 kernels to natively.
+#[test]
+fn float_mul_mat_has_the_avx2_paths_bits() {
+    assert_eq!(float_emu::check_float_mul_mat(Isa::Neon), 45);
+}
+
+/// The NEON rounding of activations to f16 (`fcvtn`) and bf16 keeps `half`'s bits.
+#[test]
+fn neon_rounding_keeps_halfs_bits() {
+    float_emu::check_rounding(Isa::Neon, 50_000);
+}
 
 /// Every type with an integer kernel: the three of `matmul_quant`, the eleven of `qdot` with
 /// their own NEON kernels, and the eleven lattice and small-float types whose generic code runs

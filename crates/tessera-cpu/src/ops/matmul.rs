@@ -11,7 +11,9 @@
 //!   columns; a register micro-kernel computes an `MR × NR` tile of the output from one panel of
 //!   each. Work is split over output tiles (both output dimensions and the broadcast batch dims).
 //!
-//! Quantized weights take the fallback path until the quantization issue lands.
+//! The AVX2 kernels define the arithmetic: AVX-512's GEMM (two panels in 16-lane registers)
+//! and aarch64's NEON kernels (`neon`) compute it lane for lane, so every ISA but the portable
+//! path gives the same bits. Quantized weights: `matmul_quant`.
 
 use std::ops::Range;
 
@@ -383,6 +385,11 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                     avx2::round_row(a.dtype, src as *const f32, dst, k);
                     continue;
                 }
+                #[cfg(target_arch = "aarch64")]
+                if b0.nb[0] == 4 && ctx.isa == Isa::Neon {
+                    neon::round_row(a.dtype, src as *const f32, dst, k);
+                    continue;
+                }
                 for kk in 0..k {
                     *dst.add(kk) = round_to(a.dtype, *(src.add(kk * b0.nb[0]) as *const f32));
                 }
@@ -410,7 +417,10 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
             let a_off = (i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3];
             let b_off = i2 * b.nb[2] + i3 * b.nb[3];
             let d_off = i2 * d.nb[2] + i3 * d.nb[3];
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+            #[cfg_attr(
+                not(any(target_arch = "x86_64", target_arch = "aarch64")),
+                allow(unused_mut)
+            )]
             let mut im = rows.start;
             // one column: four rows a call (`dot_rows4`, the same bits as one at a time)
             #[cfg(target_arch = "x86_64")]
@@ -445,6 +455,23 @@ pub fn compute(ctx: &NodeCtx) -> Result<()> {
                         let bc = bsrc.add(b_off) as *const f32;
                         // the next call's rows start 4·nb1 bytes after these
                         let v = avx2::dot_rows4(a.dtype, ar, bc, k, 4 * a.nb[1]);
+                        for (r, y) in v.into_iter().enumerate() {
+                            *(ctx.dst.add(d_off + (im + r) * 4) as *mut f32) = y;
+                        }
+                    }
+                    im += 4;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            if n == 1 && ctx.isa == Isa::Neon {
+                while im + 4 <= rows.end {
+                    // SAFETY: as below, for rows im..im + 4; Neon is chosen only where the CPU
+                    // has it.
+                    unsafe {
+                        let ar: [*const u8; 4] =
+                            std::array::from_fn(|r| ctx.src[0].add(a_off + (im + r) * a.nb[1]));
+                        let bc = bsrc.add(b_off) as *const f32;
+                        let v = neon::dot_rows4(a.dtype, ar, bc, k);
                         for (r, y) in v.into_iter().enumerate() {
                             *(ctx.dst.add(d_off + (im + r) * 4) as *mut f32) = y;
                         }
@@ -497,6 +524,12 @@ pub fn round_slice(isa: Isa, dtype: DType, src: &[f32], dst: &mut [f32]) {
         unsafe { avx2::round_row(dtype, src.as_ptr(), dst.as_mut_ptr(), src.len()) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: both slices hold `src.len()` f32; Neon is chosen only where the CPU has it.
+        unsafe { neon::round_row(dtype, src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+        return;
+    }
     let _ = isa;
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = round_to(dtype, s);
@@ -525,6 +558,12 @@ unsafe fn dot_rows(
     if isa >= Isa::Avx2 && isa != Isa::Neon {
         // SAFETY: Avx2 is only chosen when the CPU has AVX2, FMA and F16C.
         unsafe { avx2::dot_rows(dtype, a, b, k, out) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Neon is chosen only where the CPU has it; the caller's guarantees.
+        unsafe { neon::dot_rows(dtype, a, b, k, out) };
         return;
     }
     let _ = isa;
@@ -802,6 +841,12 @@ unsafe fn load_row(
         unsafe { avx2::convert_row(dtype, row, k0, out) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if dense && isa == Isa::Neon && dtype != DType::F32 {
+        // SAFETY: the caller's guarantee; Neon is chosen only where the CPU has it.
+        unsafe { neon::convert_row(dtype, row, k0, out) };
+        return;
+    }
     let _ = isa;
     // SAFETY: the caller's guarantee.
     unsafe {
@@ -837,6 +882,12 @@ pub(crate) unsafe fn micro_kernel(
         unsafe { avx2::kernel_6x16(kc, ap.as_ptr(), bp.as_ptr(), c, ldc, rows, cols, accumulate) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Neon is chosen only where the CPU has it; the caller's guarantees.
+        unsafe { neon::kernel_6x16(kc, ap.as_ptr(), bp.as_ptr(), c, ldc, rows, cols, accumulate) };
+        return;
+    }
     let _ = isa;
     let mut acc = [[0f32; NR]; MR];
     for kk in 0..kc {
@@ -853,6 +904,36 @@ pub(crate) unsafe fn micro_kernel(
             // SAFETY: r < rows, j < cols.
             unsafe {
                 let p = c.add(r * ldc + j);
+                *p = if accumulate { *p + v } else { v };
+            }
+        }
+    }
+}
+
+/// The `rows × cols` corner of an `MR × NR` tile (row-major in `tile`) stored to `c` (row
+/// stride `ldc` floats), or added to what is there: a micro-kernel's partial tile.
+///
+/// # Safety
+/// `c` holds `rows × cols` elements at that stride.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline(always)]
+unsafe fn store_part(
+    tile: &[f32; MR * NR],
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    for r in 0..rows {
+        for j in 0..cols {
+            // SAFETY: r < rows, j < cols (caller).
+            unsafe {
+                let p = c.add(r * ldc + j);
+                let v = tile[r * NR + j];
                 *p = if accumulate { *p + v } else { v };
             }
         }
@@ -1167,13 +1248,7 @@ mod avx2 {
                     _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR), pair[0]);
                     _mm256_storeu_ps(tile.as_mut_ptr().add(r * NR + 8), pair[1]);
                 }
-                for r in 0..rows {
-                    for j in 0..cols {
-                        let p = c.add(r * ldc + j);
-                        let v = tile[r * NR + j];
-                        *p = if accumulate { *p + v } else { v };
-                    }
-                }
+                super::store_part(&tile, c, ldc, rows, cols, accumulate);
             }
         }
     }
@@ -1246,6 +1321,332 @@ mod avx512 {
                 }
                 _mm512_mask_storeu_ps(p, m0, v0);
                 _mm512_mask_storeu_ps(p.add(16), m1, v1);
+            }
+        }
+    }
+}
+
+/// The aarch64 NEON float kernels: the AVX2 kernels' arithmetic lane for lane (an eight-lane
+/// f32 accumulator is two four-lane registers; `vfmaq_f32` is the same fused multiply-add per
+/// lane as `_mm256_fmadd_ps`; f16 widens through `fcvtl`, bf16 by a 16-bit shift, both exact;
+/// the horizontal sums and tails in the AVX2 kernels' order), so every result has the x86
+/// AVX2 path's bits (`tests/neon.rs` under qemu-aarch64 against the emulation that
+/// `tests/matmul.rs` checks the AVX2 path against natively). No row prefetches: those were
+/// tuned on x86 cores, and no aarch64 machine was available to measure one.
+#[cfg(target_arch = "aarch64")]
+// the `unsafe` blocks around intrinsics date from a minimum Rust version before they were safe
+#[allow(unused_unsafe)]
+mod neon {
+    use super::{MR, MV_MAX_N, NR};
+    use std::arch::aarch64::*;
+    use tessera::DType;
+
+    /// Eight f16 (bits) widened to f32: exact, as F16C's `vcvtph2ps` (`fcvtl`/`fcvtl2`; Rust's
+    /// f16 vector types are not stable).
+    #[inline(always)]
+    unsafe fn widen_f16(h: uint16x8_t) -> [float32x4_t; 2] {
+        let (lo, hi): (float32x4_t, float32x4_t);
+        // SAFETY: register arithmetic; `out` registers do not overlap the input.
+        unsafe {
+            std::arch::asm!(
+                "fcvtl {lo:v}.4s, {h:v}.4h",
+                "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                h = in(vreg) h,
+                lo = out(vreg) lo,
+                hi = out(vreg) hi,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+        [lo, hi]
+    }
+
+    /// Eight f32 rounded to f16 (to nearest, ties to even: F16C's `vcvtps2ph` with
+    /// `_MM_FROUND_TO_NEAREST_INT`, and `half`) and widened back.
+    #[inline(always)]
+    unsafe fn round_f16(v: [float32x4_t; 2]) -> [float32x4_t; 2] {
+        let h: uint16x8_t;
+        // SAFETY: register arithmetic (FPCR's rounding mode is Linux's default, to nearest).
+        unsafe {
+            std::arch::asm!(
+                "fcvtn {h:v}.4h, {lo:v}.4s",
+                "fcvtn2 {h:v}.8h, {hi:v}.4s",
+                lo = in(vreg) v[0],
+                hi = in(vreg) v[1],
+                h = out(vreg) h,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            widen_f16(h)
+        }
+    }
+
+    /// Eight elements of a row of `dtype` at element `i`, as f32.
+    #[inline(always)]
+    unsafe fn load8(dtype: DType, a: *const u8, i: usize) -> [float32x4_t; 2] {
+        // SAFETY: the caller guarantees 8 readable elements at `i`.
+        unsafe {
+            match dtype {
+                DType::F32 => {
+                    let p = (a as *const f32).add(i);
+                    [vld1q_f32(p), vld1q_f32(p.add(4))]
+                }
+                DType::F16 => widen_f16(vld1q_u16((a as *const u16).add(i))),
+                _ => {
+                    let h = vld1q_u16((a as *const u16).add(i));
+                    [
+                        vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
+                        vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
+                    ]
+                }
+            }
+        }
+    }
+
+    /// `avx2::hsum` of the eight lanes `v`: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+    #[inline(always)]
+    unsafe fn hsum(v: [float32x4_t; 2]) -> f32 {
+        // SAFETY: register arithmetic.
+        unsafe {
+            let s = vaddq_f32(v[0], v[1]);
+            let t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+            vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
+        }
+    }
+
+    /// `acc += x · b[0..8]`, lane by lane, fused.
+    #[inline(always)]
+    unsafe fn fma8(acc: &mut [float32x4_t; 2], x: [float32x4_t; 2], b: *const f32) {
+        // SAFETY: 8 readable floats at b (caller).
+        unsafe {
+            acc[0] = vfmaq_f32(acc[0], x[0], vld1q_f32(b));
+            acc[1] = vfmaq_f32(acc[1], x[1], vld1q_f32(b.add(4)));
+        }
+    }
+
+    /// The eight-lane sum of a row's two accumulators, then its tail from element `i`, as
+    /// `avx2::dot_rows` ends.
+    #[inline(always)]
+    unsafe fn finish(
+        dtype: DType,
+        acc0: [float32x4_t; 2],
+        acc1: [float32x4_t; 2],
+        a: *const u8,
+        b: *const f32,
+        i: usize,
+        k: usize,
+    ) -> f32 {
+        // SAFETY: elements i..k of a and b (caller).
+        unsafe {
+            let mut s = hsum([vaddq_f32(acc0[0], acc1[0]), vaddq_f32(acc0[1], acc1[1])]);
+            for t in i..k {
+                s += super::load_f(dtype, a, t) * *b.add(t);
+            }
+            s
+        }
+    }
+
+    /// `avx2::dot_rows`: one row of `a` against up to `MV_MAX_N` columns, the same bits.
+    ///
+    /// # Safety
+    /// `a` has k elements of `dtype`, each `b[j]` k floats.
+    pub unsafe fn dot_rows(
+        dtype: DType,
+        a: *const u8,
+        b: &[*const f32],
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let n = b.len();
+        // SAFETY: loads stay below k (the caller's contract).
+        unsafe {
+            let z = [vdupq_n_f32(0.0); 2];
+            let mut acc0 = [z; MV_MAX_N];
+            let mut acc1 = [z; MV_MAX_N];
+            let mut i = 0;
+            while i + 16 <= k {
+                let (x0, x1) = (load8(dtype, a, i), load8(dtype, a, i + 8));
+                for j in 0..n {
+                    fma8(&mut acc0[j], x0, b[j].add(i));
+                    fma8(&mut acc1[j], x1, b[j].add(i + 8));
+                }
+                i += 16;
+            }
+            while i + 8 <= k {
+                let x0 = load8(dtype, a, i);
+                for j in 0..n {
+                    fma8(&mut acc0[j], x0, b[j].add(i));
+                }
+                i += 8;
+            }
+            for j in 0..n {
+                out[j] = finish(dtype, acc0[j], acc1[j], a, b[j], i, k);
+            }
+        }
+    }
+
+    /// [`dot_rows`] of four rows against one column (four independent chains, the column's
+    /// loads shared), each row's bits those of `dot_rows`.
+    ///
+    /// # Safety
+    /// Every `a[r]` has k elements of `dtype`, `b` k floats.
+    pub unsafe fn dot_rows4(dtype: DType, a: [*const u8; 4], b: *const f32, k: usize) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe {
+            match dtype {
+                DType::F32 => rows4::<0>(a, b, k),
+                DType::F16 => rows4::<1>(a, b, k),
+                _ => rows4::<2>(a, b, k),
+            }
+        }
+    }
+
+    /// [`dot_rows4`] for one element type (`T`: 0 f32, 1 f16, 2 bf16).
+    #[inline(always)]
+    unsafe fn rows4<const T: u8>(a: [*const u8; 4], b: *const f32, k: usize) -> [f32; 4] {
+        let dtype = match T {
+            0 => DType::F32,
+            1 => DType::F16,
+            _ => DType::BF16,
+        };
+        // SAFETY: as `dot_rows4`; loads stay below k.
+        unsafe {
+            let z = [vdupq_n_f32(0.0); 2];
+            let mut acc0 = [z; 4];
+            let mut acc1 = [z; 4];
+            let mut i = 0;
+            while i + 16 <= k {
+                for r in 0..4 {
+                    fma8(&mut acc0[r], load8(dtype, a[r], i), b.add(i));
+                    fma8(&mut acc1[r], load8(dtype, a[r], i + 8), b.add(i + 8));
+                }
+                i += 16;
+            }
+            while i + 8 <= k {
+                for r in 0..4 {
+                    fma8(&mut acc0[r], load8(dtype, a[r], i), b.add(i));
+                }
+                i += 8;
+            }
+            std::array::from_fn(|r| finish(dtype, acc0[r], acc1[r], a[r], b, i, k))
+        }
+    }
+
+    /// `avx2::convert_row`: `out.len()` f16/bf16 elements from element `k0` of a dense row.
+    ///
+    /// # Safety
+    /// The row holds k0 + out.len() elements.
+    pub unsafe fn convert_row(dtype: DType, row: *const u8, k0: usize, out: &mut [f32]) {
+        // SAFETY: loads and stores below out.len() (the caller's contract).
+        unsafe {
+            let mut i = 0;
+            while i + 8 <= out.len() {
+                let v = load8(dtype, row, k0 + i);
+                vst1q_f32(out.as_mut_ptr().add(i), v[0]);
+                vst1q_f32(out.as_mut_ptr().add(i + 4), v[1]);
+                i += 8;
+            }
+            for (j, o) in out.iter_mut().enumerate().skip(i) {
+                *o = super::load_f(dtype, row, k0 + j);
+            }
+        }
+    }
+
+    /// `avx2::round_row`: `k` f32 rounded to f16 (`fcvtn`) or to bf16 (`half`'s integer rule:
+    /// to nearest even, a NaN quieted) and widened back: `round_to`'s bits.
+    ///
+    /// # Safety
+    /// `src` and `dst` hold `k` f32.
+    pub unsafe fn round_row(dtype: DType, src: *const f32, dst: *mut f32, k: usize) {
+        // SAFETY: loads and stores below k (the caller's contract).
+        unsafe {
+            let mut i = 0;
+            if dtype == DType::F16 {
+                while i + 8 <= k {
+                    let v = round_f16([vld1q_f32(src.add(i)), vld1q_f32(src.add(i + 4))]);
+                    vst1q_f32(dst.add(i), v[0]);
+                    vst1q_f32(dst.add(i + 4), v[1]);
+                    i += 8;
+                }
+            } else {
+                let one = vdupq_n_u32(1);
+                let bias = vdupq_n_u32(0x7fff);
+                let high = vdupq_n_u32(0xffff_0000);
+                let quiet = vdupq_n_u32(0x0040_0000);
+                let abs = vdupq_n_u32(0x7fff_ffff);
+                let inf = vdupq_n_u32(0x7f80_0000);
+                while i + 4 <= k {
+                    let x = vld1q_u32(src.add(i) as *const u32);
+                    let lsb = vandq_u32(vshrq_n_u32::<16>(x), one);
+                    let r = vandq_u32(vaddq_u32(x, vaddq_u32(bias, lsb)), high);
+                    // |x| above infinity's bits: a NaN
+                    let nan = vcgtq_u32(vandq_u32(x, abs), inf);
+                    let q = vorrq_u32(vandq_u32(x, high), quiet);
+                    vst1q_u32(dst.add(i) as *mut u32, vbslq_u32(nan, q, r));
+                    i += 4;
+                }
+            }
+            for j in i..k {
+                *dst.add(j) = super::round_to(dtype, *src.add(j));
+            }
+        }
+    }
+
+    /// `avx2::kernel_6x16`: `C[r][j] (+)= Σ_k bp[k][r] · ap[k][j]` for an `MR × NR` tile, each
+    /// element the same chain of fused multiply-adds, so the same bits.
+    ///
+    /// # Safety
+    /// ap holds kc·NR floats, bp kc·MR; `c` a tile with row stride `ldc` floats holding at
+    /// least `rows × cols` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn kernel_6x16(
+        kc: usize,
+        ap: *const f32,
+        bp: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: as documented.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); NR / 4]; MR];
+            let (mut pa, mut pb) = (ap, bp);
+            for _ in 0..kc {
+                let av: [float32x4_t; NR / 4] = [
+                    vld1q_f32(pa),
+                    vld1q_f32(pa.add(4)),
+                    vld1q_f32(pa.add(8)),
+                    vld1q_f32(pa.add(12)),
+                ];
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let bv = vld1q_dup_f32(pb.add(r));
+                    for (cq, &aq) in row.iter_mut().zip(&av) {
+                        *cq = vfmaq_f32(*cq, bv, aq);
+                    }
+                }
+                pa = pa.add(NR);
+                pb = pb.add(MR);
+            }
+            if rows == MR && cols == NR {
+                for (r, row) in acc.iter().enumerate() {
+                    let p = c.add(r * ldc);
+                    for (q, &v) in row.iter().enumerate() {
+                        let v = if accumulate {
+                            vaddq_f32(v, vld1q_f32(p.add(4 * q)))
+                        } else {
+                            v
+                        };
+                        vst1q_f32(p.add(4 * q), v);
+                    }
+                }
+            } else {
+                let mut tile = [0f32; MR * NR];
+                for (r, row) in acc.iter().enumerate() {
+                    for (q, &v) in row.iter().enumerate() {
+                        vst1q_f32(tile.as_mut_ptr().add(r * NR + 4 * q), v);
+                    }
+                }
+                super::store_part(&tile, c, ldc, rows, cols, accumulate);
             }
         }
     }
