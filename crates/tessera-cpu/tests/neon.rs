@@ -14,6 +14,7 @@ use tessera_cpu::ops::matmul_quant::{self, vec_dot_type};
 use tessera_cpu::ops::{qdot, qdot_neon};
 use tessera_cpu::Isa;
 
+mod common;
 mod float_emu;
 mod qdot_common;
 use qdot_common::*;

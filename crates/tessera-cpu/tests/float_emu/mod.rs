@@ -9,23 +9,8 @@ use tessera::{DType, Graph, Session};
 use tessera_cpu::ops::matmul::{round_slice, round_to};
 use tessera_cpu::{CpuBackend, Isa};
 
-/// xorshift64*, as the other test files' `Rng`.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
+// (the including test file declares `mod common`)
+use super::common::Rng;
 
 /// `avx2::dot_rows` / `dot_rows4` for one row and one column: two eight-lane accumulators
 /// over 16 elements a step (then one step of 8), added lane by lane, summed as `hsum`
